@@ -1,0 +1,62 @@
+"""One greppable line per request: repo, service, status, bytes, ms, and the plan or fallback."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import IO, Iterable, Iterator
+
+
+def enabled(env) -> bool:
+    return env.get("ASPEN_ACCESS_LOG", "1") not in ("0", "false", "no", "")
+
+
+def line(method: str, path: str, status: int, nbytes: int, started: float, trace: dict) -> str:
+    ms = (time.monotonic() - started) * 1000
+    fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
+              f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
+    for key in ("plan", "why"):
+        if key in trace:
+            fields.append(f"{key}={trace[key]}")
+    return "aspen: " + " ".join(fields) + "\n"
+
+
+class Counted:
+    """Wraps a response body, counts its bytes, and writes the access line once it is done."""
+
+    def __init__(self, body: Iterable[bytes], errors: IO[str], method: str, path: str, status: int,
+                 trace: dict, started: float, log: bool):
+        self.body = body
+        self.errors = errors
+        self.head = (method, path, status)
+        self.trace = trace
+        self.started = started
+        self.nbytes = 0
+        self.log = log
+        self._done = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.body:
+            self.nbytes += len(chunk)
+            yield chunk
+
+    def close(self) -> None:
+        close = getattr(self.body, "close", None)
+        if close is not None:
+            close()
+        if self.log and not self._done:
+            self._done = True
+            method, path, status = self.head
+            try:
+                self.errors.write(line(method, path, status, self.nbytes, self.started, self.trace))
+                self.errors.flush()
+            except (OSError, ValueError):
+                pass
+
+
+def write_messages(errors: IO[str], messages: Iterable[str]) -> None:
+    for msg in messages:
+        try:
+            errors.write(msg if msg.endswith("\n") else msg + "\n")
+        except (OSError, ValueError):
+            pass

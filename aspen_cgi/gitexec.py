@@ -1,0 +1,137 @@
+"""The one place that starts processes: git plumbing and repository hooks.
+
+Every other module asks this one for what it needs (a command's output, a
+stream from a long-running child, a hook run) and never imports subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import IO, Iterator, Mapping, Optional, Sequence
+
+GIT = os.environ.get("ASPEN_GIT", "git")
+CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def child_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update(extra)
+    return env
+
+
+def git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+        input: Optional[bytes] = None, timeout: Optional[float] = None) -> Result:
+    """Run `git ARGS` to completion and capture its output."""
+    proc = subprocess.run([GIT, *args], cwd=cwd, env=env, input=input,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _feed(stdin: IO[bytes], data: bytes | Iterator[bytes]) -> None:
+    try:
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            stdin.write(data)
+        else:
+            for chunk in data:
+                stdin.write(chunk)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+
+class Stream:
+    """A child whose stdout is read as it is produced.
+
+    The input is written from a thread so that a child answering while it
+    reads never deadlocks against us. `close()` kills a child still running:
+    when the client goes away, git goes too.
+    """
+
+    def __init__(self, argv: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]],
+                 input: bytes | Iterator[bytes] | None, stderr: Optional[IO] = None):
+        self.argv = list(argv)
+        self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env,
+                                     stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE,
+                                     stderr=stderr if stderr is not None else sys.stderr)
+        self._feeder = None
+        if input is not None:
+            self._feeder = threading.Thread(target=_feed, args=(self.proc.stdin, input), daemon=True)
+            self._feeder.start()
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            out = self.proc.stdout
+            while True:
+                chunk = out.read1(CHUNK)
+                if not chunk:
+                    break
+                yield chunk
+            self.wait()
+        finally:
+            self.close()
+
+    def wait(self) -> int:
+        rc = self.proc.wait()
+        if self._feeder is not None:
+            self._feeder.join(timeout=5)
+        return rc
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.returncode
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+def git_stream(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+               input: bytes | Iterator[bytes] | None = None, stderr: Optional[IO] = None) -> Stream:
+    """Start `git ARGS` and return its stdout as a stream of chunks."""
+    return Stream([GIT, *args], cwd=cwd, env=env, input=input, stderr=stderr)
+
+
+def start(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+          stdin: int | IO | None = subprocess.PIPE, stdout: int | IO | None = subprocess.PIPE,
+          stderr: int | IO | None = subprocess.PIPE) -> subprocess.Popen:
+    """Start `git ARGS` with the pipes the caller wants (for pack intake)."""
+    return subprocess.Popen([GIT, *args], cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
+
+
+def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
+         input: bytes = b"") -> subprocess.Popen:
+    """Start a repository hook with stdout and stderr merged, as stock relays them."""
+    proc = subprocess.Popen([path, *args], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
+    return proc
+
+PIPE = subprocess.PIPE
+DEVNULL = subprocess.DEVNULL

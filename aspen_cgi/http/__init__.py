@@ -1,0 +1,1 @@
+"""The `git http-backend` contract: environment, routes, headers, bodies, dumb files."""

@@ -1,0 +1,240 @@
+"""The request pipeline of stock's cmd_main(): method, path, route, repository,
+export check, configuration, then one handler. Returns a Response; adapters
+(CGI, WSGI) only frame it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Optional
+
+from .. import refs as refs_mod
+from ..protocol.pktline import ProtocolError
+from ..repoconfig import ConfigError, RepoConfig
+from . import dumb, paths, routes
+from . import headers as H
+from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
+from .message import HttpError, Request, Response
+from .query import parameters
+
+SERVICES = ("upload-pack", "receive-pack")
+
+
+@dataclass
+class ServiceContext:
+    """What a service needs to run: the repository, its configuration, the
+    environment its git children and hooks get, and the protocol version."""
+    repo: paths.Repo
+    config: RepoConfig
+    env: dict[str, str]
+    protocol_version: int
+    namespace: Optional[str]
+    log: list[str]
+    trace: dict = field(default_factory=dict)
+
+    @property
+    def gitdir(self) -> str:
+        return self.repo.gitdir
+
+
+def protocol_version(value: Optional[str]) -> int:
+    """determine_protocol_version_server(): the highest version=N among ':'-separated items."""
+    best = 0
+    for item in (value or "").split(":"):
+        if item.startswith("version="):
+            v = item[len("version="):]
+            if v in ("0", "1", "2"):
+                best = max(best, int(v))
+    return best
+
+
+def _forbidden(msg: str, prefix: list[tuple[str, str]]) -> HttpError:
+    return HttpError(403, "Forbidden", msg, headers=prefix)
+
+
+def _service_enabled(name: str, config: RepoConfig, env: Mapping[str, str]) -> bool:
+    key = "http." + name.replace("-", "")
+    if config.has(key):
+        try:
+            return config.bool(key, False)
+        except ConfigError:
+            return False
+    if name == "upload-pack":
+        return True
+    return bool(env.get("REMOTE_USER"))
+
+
+def select_service(name: str, config: RepoConfig, env: Mapping[str, str], prefix) -> str:
+    if not name.startswith("git-") or name[4:] not in SERVICES:
+        raise _forbidden(f"Unsupported service: '{name}'", prefix)
+    svc = name[4:]
+    if not _service_enabled(svc, config, env):
+        raise _forbidden(f"Service not enabled: '{svc}'", prefix)
+    return svc
+
+
+def _getanyfile(config: RepoConfig, prefix) -> None:
+    try:
+        ok = config.bool("http.getanyfile", True)
+    except ConfigError:
+        ok = True
+    if not ok:
+        raise _forbidden("Unsupported service: getanyfile", prefix)
+
+
+def child_env(env: Mapping[str, str], gitdir: str) -> dict[str, str]:
+    """run_service()'s environment: everything we were given, plus the
+    committer identity and the protocol version stock derives."""
+    out = dict(env)
+    out["GIT_DIR"] = gitdir
+    if "GIT_COMMITTER_NAME" not in out:
+        out["GIT_COMMITTER_NAME"] = out.get("REMOTE_USER") or "anonymous"
+    if "GIT_COMMITTER_EMAIL" not in out:
+        user = out.get("REMOTE_USER") or "anonymous"
+        out["GIT_COMMITTER_EMAIL"] = f"{user}@http.{out.get('REMOTE_ADDR') or '(none)'}"
+    if "HTTP_GIT_PROTOCOL" in out and "GIT_PROTOCOL" not in out:
+        out["GIT_PROTOCOL"] = out["HTTP_GIT_PROTOCOL"]
+    return out
+
+
+def handle(req: Request) -> Response:
+    """Answer one request. Never raises: every failure is a Response."""
+    try:
+        return _handle(req)
+    except HttpError as e:
+        return error_response(e)
+    except BodyError as e:
+        return error_response(HttpError(e.status, e.reason, "fatal: " + e.message))
+    except ProtocolError as e:
+        return error_response(HttpError(400, "Bad Request", f"fatal: {e}"))
+    except Exception:
+        import traceback
+        return error_response(HttpError(500, "Internal Server Error", "aspen: internal error\n" + traceback.format_exc()))
+
+
+def error_response(e: HttpError) -> Response:
+    hdrs = list(e.prefix) + [("Status", f"{e.status} {e.reason}")] + e.extra + H.nocache()
+    return Response(e.status, e.reason, hdrs, [e.body] if e.body else [], [e.log] if e.log else [])
+
+
+def _handle(req: Request) -> Response:
+    env = req.env
+    method = env.get("REQUEST_METHOD")
+    if method is None:
+        raise paths.die("No REQUEST_METHOD from server")
+    if method == "HEAD":
+        method = "GET"
+    full = paths.getdir(env)
+    m = routes.match(full)
+    if m is None:
+        raise HttpError(404, "Not Found", f"Request not supported: '{full}'")
+    if m.route.method != method:
+        if env.get("SERVER_PROTOCOL") == "HTTP/1.1":
+            raise HttpError(405, "Method Not Allowed", extra=[("Allow", routes.ALLOW[m.route.method])])
+        raise HttpError(400, "Bad Request")
+    repo = paths.enter_repo(m.repo_dir)
+    if repo is None:
+        raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")
+    paths.check_ownership(repo, env)
+    if "GIT_HTTP_EXPORT_ALL" not in env and not os.access(os.path.join(repo.gitdir, "git-daemon-export-ok"), os.F_OK):
+        raise HttpError(404, "Not Found", f"Repository not exported: '{repo.path}'")
+    cenv = child_env(env, repo.gitdir)
+    config = RepoConfig.load(repo.gitdir, cenv)
+    max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
+    namespace = env.get("GIT_NAMESPACE") or None
+    handler = m.route.handler
+    trace = {"repo": repo.path}
+
+    def snapshot() -> refs_mod.RefSnapshot:
+        return refs_mod.read_refs(repo.gitdir, cenv, namespace)
+
+    if handler == "head":
+        _getanyfile(config, [])
+        resp = dumb.strbuf([], "text/plain", dumb.head_body(snapshot()))
+    elif handler == "info_refs":
+        params = parameters(env.get("QUERY_STRING", ""))
+        prefix = H.nocache()
+        if "service" in params:
+            svc = select_service(params["service"], config, env, prefix)
+            resp = _advertise(svc, ServiceContext(repo, config, cenv, protocol_version(cenv.get("GIT_PROTOCOL")),
+                                                  namespace, []), prefix)
+            trace["service"] = svc
+        else:
+            _getanyfile(config, prefix)
+            resp = dumb.strbuf(prefix, "text/plain", dumb.info_refs_body(snapshot()))
+    elif handler == "info_packs":
+        _getanyfile(config, [])
+        resp = dumb.strbuf(H.nocache(), "text/plain; charset=utf-8", dumb.info_packs_body(repo.gitdir))
+    elif handler == "text_file":
+        _getanyfile(config, [])
+        resp = dumb.local_file(repo.gitdir, m.arg, H.nocache(), "text/plain")
+    elif handler == "file":
+        _getanyfile(config, [])
+        resp = dumb.local_file(repo.gitdir, m.arg, H.forever(), m.route.content_type)
+    else:
+        svc = select_service(m.arg, config, env, [])
+        want = f"application/x-git-{svc}-request"
+        got = env.get("CONTENT_TYPE", "")
+        if got != want:
+            raise HttpError(415, "Unsupported Media Type",
+                            body=f"Expected POST with Content-Type '{want}', but received '{got}' instead.\n".encode())
+        ctx = ServiceContext(repo, config, cenv, protocol_version(cenv.get("GIT_PROTOCOL")), namespace, [])
+        resp = _rpc(svc, ctx, req, max_buffer)
+        trace["service"] = svc
+    resp.trace.update(trace)
+    return resp
+
+
+def _advertise(svc: str, ctx: ServiceContext, prefix) -> Response:
+    from ..protocol import pktline
+    if svc == "upload-pack":
+        from .. import upload as service
+    else:
+        from .. import receive as service
+    head = b""
+    if ctx.protocol_version != 2:
+        head = pktline.encode(f"# service=git-{svc}\n") + pktline.FLUSH
+    body = head + b"".join(service.advertise(ctx))
+    hdrs = prefix + [("Content-Type", f"application/x-git-{svc}-advertisement")]
+    return Response(200, "OK", hdrs, [body], ctx.log)
+
+
+def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Response:
+    length = req.content_length
+    if length is None and "CONTENT_LENGTH" in req.env:
+        length = parse_content_length(req.env.get("CONTENT_LENGTH"))
+    gzip = req.env.get("HTTP_CONTENT_ENCODING") in ("gzip", "x-gzip")
+    if svc == "upload-pack":
+        from .. import upload as service
+        data = read_upload_request(req.input, length, gzip, max_buffer)
+        stream = service.serve(ctx, data)
+    else:
+        from .. import receive as service
+        stream = service.serve(ctx, Body(req.input, length, gzip))
+    body = _primed(iter(stream))
+    hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
+    return Response(200, "OK", hdrs, body, ctx.log, ctx.trace)
+
+
+class _primed:
+    """Runs a response stream up to its first chunk before headers go out, so
+    a request that fails early still gets a real status."""
+
+    def __init__(self, it: Iterator[bytes]):
+        self.it = it
+        try:
+            self.first: Optional[bytes] = next(it)
+        except StopIteration:
+            self.first = None
+            self.it = iter(())
+
+    def __iter__(self) -> Iterator[bytes]:
+        if self.first:
+            yield self.first
+        self.first = None
+        yield from self.it
+
+    def close(self) -> None:
+        close = getattr(self.it, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,89 @@
+"""The dumb-protocol routes: HEAD, text info/refs, objects/info/*, loose objects, packs and indexes."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from ..refs import RefSnapshot
+from . import headers as H
+from .message import HttpError, Response
+
+CHUNK = 65536
+
+
+def head_body(snap: RefSnapshot) -> bytes:
+    head = snap.head
+    if head is None:
+        return b""
+    if head.symref_target is not None:
+        return f"ref: {head.symref_target}\n".encode()
+    return f"{head.oid}\n".encode()
+
+
+def info_refs_body(snap: RefSnapshot) -> bytes:
+    out = []
+    for ref in snap.refs:
+        out.append(f"{ref.oid}\t{ref.name}\n")
+        if ref.peeled:
+            out.append(f"{ref.peeled}\t{ref.name}^{{}}\n")
+    return "".join(out).encode("utf-8", "surrogateescape")
+
+
+def info_packs_body(gitdir: str) -> bytes:
+    """`P pack-<h>.pack` per local pack, newest first as git orders them, then a blank line."""
+    packdir = os.path.join(gitdir, "objects", "pack")
+    packs = []
+    try:
+        names = os.listdir(packdir)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("pack-") and name.endswith(".idx"):
+            pack = name[:-4] + ".pack"
+            try:
+                packs.append((os.stat(os.path.join(packdir, pack)).st_mtime, pack))
+            except OSError:
+                continue
+    packs.sort(key=lambda p: -p[0])
+    return ("".join(f"P {p}\n" for _, p in packs) + "\n").encode()
+
+
+def strbuf(prefix: list[tuple[str, str]], content_type: str, body: bytes) -> Response:
+    hdrs = prefix + [("Content-Length", str(len(body))), ("Content-Type", content_type)]
+    return Response(200, "OK", hdrs, [body])
+
+
+def _file_chunks(f) -> Iterator[bytes]:
+    with f:
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                return
+            yield chunk
+
+
+class FileBody:
+    """A file body that WSGI servers may send with sendfile (wsgi.file_wrapper)."""
+
+    def __init__(self, f, size: int):
+        self.file = f
+        self.size = size
+
+    def __iter__(self) -> Iterator[bytes]:
+        return _file_chunks(self.file)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def local_file(gitdir: str, name: str, prefix: list[tuple[str, str]], content_type: str) -> Response:
+    path = os.path.join(gitdir, name)
+    try:
+        f = open(path, "rb")
+        st = os.fstat(f.fileno())
+    except OSError as e:
+        raise HttpError(404, "Not Found", f"Cannot open '{name}': {e.strerror}", headers=prefix) from None
+    hdrs = prefix + [("Content-Length", str(st.st_size)), ("Content-Type", content_type),
+                     ("Last-Modified", H.date(st.st_mtime))]
+    return Response(200, "OK", hdrs, FileBody(f, st.st_size))

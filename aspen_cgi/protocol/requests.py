@@ -1,0 +1,227 @@
+"""Upload-pack requests, v0/v1 and v2, parsed into typed objects.
+
+The planner (issue 5) reads a FetchRequest; until then it also documents
+what the git fallback is asked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from .pktline import DELIM_PKT, FLUSH_PKT, Packet, ProtocolError, Special, parse, strip_lf
+
+_OID = re.compile(r"\A[0-9a-f]{40}\Z|\A[0-9a-f]{64}\Z")
+
+
+def _oid(value: str, what: str) -> str:
+    if not _OID.match(value):
+        raise ProtocolError(f"expected to get object ID in '{what}', not '{value[:80]}'")
+    return value
+
+
+@dataclass
+class FetchRequest:
+    version: int                                   # 0 (also 1) or 2
+    wants: list[str] = field(default_factory=list)
+    want_refs: list[str] = field(default_factory=list)
+    haves: list[str] = field(default_factory=list)
+    done: bool = False
+    capabilities: list[str] = field(default_factory=list)   # v0: on the first want; v2: command args like thin-pack
+    shallow: list[str] = field(default_factory=list)
+    deepen: Optional[int] = None
+    deepen_since: Optional[int] = None
+    deepen_not: list[str] = field(default_factory=list)
+    deepen_relative: bool = False
+    filter: Optional[str] = None
+    wait_for_done: bool = False
+    packfile_uris: Optional[str] = None
+    sideband_all: bool = False
+    server_options: list[str] = field(default_factory=list)
+    agent: Optional[str] = None
+
+    def has_capability(self, name: str) -> bool:
+        return any(c == name or c.startswith(name + "=") for c in self.capabilities)
+
+    @property
+    def needs_fallback_reason(self) -> Optional[str]:
+        """Why this request cannot be answered from stored packs (for the planner's trace)."""
+        if self.shallow or self.deepen is not None or self.deepen_since is not None or self.deepen_not:
+            return "shallow"
+        if self.filter is not None:
+            return "filter"
+        return None
+
+
+@dataclass
+class LsRefsRequest:
+    peel: bool = False
+    symrefs: bool = False
+    unborn: bool = False
+    prefixes: list[str] = field(default_factory=list)
+    agent: Optional[str] = None
+
+
+@dataclass
+class OtherCommand:
+    """A v2 command Aspen passes to git as it came (object-info)."""
+    name: str
+
+
+V2Request = Union[FetchRequest, LsRefsRequest, OtherCommand, None]
+
+
+def _int(value: str, what: str) -> int:
+    if not re.fullmatch(r"-?[0-9]+", value):
+        raise ProtocolError(f"invalid {what} '{value[:40]}'")
+    n = int(value)
+    if what == "deepen" and (n <= 0 or n >= 1 << 31):
+        raise ProtocolError(f"invalid deepen: {value}")
+    return n
+
+
+def _shallow_arg(req: FetchRequest, line: str) -> bool:
+    """The shallow/deepen/filter lines both protocol versions share."""
+    if line.startswith("shallow "):
+        req.shallow.append(_oid(line[8:], "shallow"))
+    elif line.startswith("deepen "):
+        req.deepen = _int(line[7:], "deepen")
+    elif line.startswith("deepen-since "):
+        req.deepen_since = _int(line[13:], "deepen-since")
+    elif line.startswith("deepen-not "):
+        req.deepen_not.append(line[11:])
+    elif line == "deepen-relative":
+        req.deepen_relative = True
+    elif line.startswith("filter "):
+        req.filter = line[7:]
+    else:
+        return False
+    return True
+
+
+def _text(pkt: bytes) -> str:
+    return strip_lf(pkt).decode("utf-8", "surrogateescape")
+
+
+def parse_v0(data: bytes) -> FetchRequest:
+    """want lines (capabilities on the first), shallow/deepen/filter, flush,
+    then have lines in flush-separated rounds, optionally `done`."""
+    req = FetchRequest(version=0)
+    stage = "wants"
+    for pkt, _ in parse(data):
+        if stage == "wants":
+            if pkt is FLUSH_PKT:
+                stage = "haves"
+                continue
+            if isinstance(pkt, Special):
+                raise ProtocolError(f"unexpected {pkt.kind} packet in want list")
+            line = _text(pkt)
+            if line.startswith("want "):
+                rest = line[5:]
+                oid, _, caps = rest.partition(" ")
+                req.wants.append(_oid(oid, "want"))
+                if caps and len(req.wants) == 1:
+                    req.capabilities = caps.split()
+                    for cap in req.capabilities:
+                        if cap.startswith("agent="):
+                            req.agent = cap[6:]
+            elif not _shallow_arg(req, line):
+                raise ProtocolError(f"git upload-pack: protocol error, expected to get object ID, not '{line[:80]}'")
+        else:
+            if pkt is FLUSH_PKT:
+                continue
+            if isinstance(pkt, Special):
+                raise ProtocolError(f"unexpected {pkt.kind} packet in have list")
+            line = _text(pkt)
+            if line.startswith("have "):
+                req.haves.append(_oid(line[5:].split(" ")[0], "have"))
+            elif line == "done":
+                req.done = True
+                stage = "done"
+            else:
+                raise ProtocolError(f"git upload-pack: expected SHA1 list, got '{line[:80]}'")
+    if stage == "wants" and req.wants:
+        raise ProtocolError("git upload-pack: request ended inside the want list")
+    return req
+
+
+_FETCH_FLAGS = {"thin-pack", "no-progress", "include-tag", "ofs-delta"}
+
+
+def parse_v2(data: bytes) -> V2Request:
+    """One v2 command: `command=X`, capability lines, delim, arguments, flush."""
+    packets: list[Packet] = [p for p, _ in parse(data)]
+    if not packets or packets[0] is FLUSH_PKT:
+        return None
+    command = None
+    caps: list[str] = []
+    i = 0
+    while i < len(packets) and packets[i] not in (DELIM_PKT, FLUSH_PKT):
+        pkt = packets[i]
+        if isinstance(pkt, Special):
+            raise ProtocolError(f"unexpected {pkt.kind} packet in command")
+        line = _text(pkt)
+        if line.startswith("command="):
+            if command is not None:
+                raise ProtocolError("command supplied twice")
+            command = line[8:]
+        else:
+            caps.append(line)
+        i += 1
+    if command is None:
+        raise ProtocolError("no command requested")
+    if i >= len(packets):
+        raise ProtocolError("request ended without a flush")
+    args: list[str] = []
+    if packets[i] is DELIM_PKT:
+        i += 1
+        while i < len(packets) and packets[i] is not FLUSH_PKT:
+            pkt = packets[i]
+            if isinstance(pkt, Special):
+                raise ProtocolError(f"unexpected {pkt.kind} packet in arguments")
+            args.append(_text(pkt))
+            i += 1
+        if i >= len(packets):
+            raise ProtocolError("request ended without a flush")
+    agent = next((c[6:] for c in caps if c.startswith("agent=")), None)
+    options = [c[len("server-option="):] for c in caps if c.startswith("server-option=")]
+    if command == "ls-refs":
+        ls = LsRefsRequest(agent=agent)
+        for arg in args:
+            if arg == "peel":
+                ls.peel = True
+            elif arg == "symrefs":
+                ls.symrefs = True
+            elif arg == "unborn":
+                ls.unborn = True
+            elif arg.startswith("ref-prefix "):
+                ls.prefixes.append(arg[11:])
+            else:
+                raise ProtocolError(f"unexpected line: '{arg[:80]}'")
+        return ls
+    if command == "fetch":
+        req = FetchRequest(version=2, agent=agent, server_options=options)
+        for arg in args:
+            if arg.startswith("want "):
+                req.wants.append(_oid(arg[5:], "want"))
+            elif arg.startswith("want-ref "):
+                req.want_refs.append(arg[9:])
+            elif arg.startswith("have "):
+                req.haves.append(_oid(arg[5:], "have"))
+            elif arg == "done":
+                req.done = True
+            elif arg in _FETCH_FLAGS:
+                req.capabilities.append(arg)
+            elif arg == "wait-for-done":
+                req.wait_for_done = True
+            elif arg == "sideband-all":
+                req.sideband_all = True
+            elif arg.startswith("packfile-uris "):
+                req.packfile_uris = arg[14:]
+            elif not _shallow_arg(req, arg):
+                raise ProtocolError(f"unexpected line: '{arg[:80]}'")
+        return req
+    if command == "object-info":
+        return OtherCommand(command)
+    raise ProtocolError(f"invalid command '{command[:80]}'")

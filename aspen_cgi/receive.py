@@ -1,0 +1,89 @@
+"""The receive-pack service (placeholder: advertisement is Aspen's, the push
+is still git's own receive-pack until Aspen's intake lands)."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator
+
+from . import AGENT, gitexec
+from .protocol import advertise as adv
+from .refs import HiddenRefs, read_refs
+
+
+def _caps(ctx) -> adv.ReceiveCaps:
+    c = ctx.config
+    return adv.ReceiveCaps(
+        atomic=c.bool("receive.advertiseatomic", True),
+        ofs_delta=c.bool("repack.usedeltabaseoffset", True),
+        push_options=c.bool("receive.advertisepushoptions", False),
+        agent=AGENT,
+    )
+
+
+def _alternate_tips(ctx) -> list[str]:
+    """Tips of the repositories in objects/info/alternates, offered as `.have`."""
+    try:
+        with open(os.path.join(ctx.gitdir, "objects", "info", "alternates")) as f:
+            paths = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    except OSError:
+        return []
+    tips = []
+    for path in paths:
+        objects = path if os.path.isabs(path) else os.path.normpath(os.path.join(ctx.gitdir, "objects", path))
+        repo = os.path.dirname(objects)
+        if os.path.isdir(repo):
+            tips += [r.oid for r in read_refs(repo, {k: v for k, v in ctx.env.items() if k != "GIT_DIR"}).refs]
+    return tips
+
+
+def advertise_lines(ctx) -> list[tuple[str, str]]:
+    """write_head_info(): visible refs, refs outside the namespace and
+    alternates' tips as `.have` (each object once)."""
+    hidden = HiddenRefs.from_config(ctx.config, "receive")
+    prefix = ""
+    snap = read_refs(ctx.gitdir, ctx.env, None)
+    if ctx.namespace:
+        from .refs import namespace_prefix
+        prefix = namespace_prefix(ctx.namespace)
+    seen: set[str] = set()
+    lines = []
+    for ref in snap.refs:
+        full = ref.name
+        name = full[len(prefix):] if full.startswith(prefix) else None
+        if hidden.hidden(name if name is not None else full, full):
+            continue
+        if name is None:
+            if ref.oid in seen:
+                continue
+            name = ".have"
+        seen.add(ref.oid)
+        lines.append((ref.oid, name))
+    for oid in _alternate_tips(ctx):
+        if oid not in seen:
+            seen.add(oid)
+            lines.append((oid, ".have"))
+    return lines
+
+
+def advertise(ctx) -> Iterator[bytes]:
+    version = ctx.protocol_version if ctx.protocol_version == 1 else 0
+    return adv.receive_v0(advertise_lines(ctx), _caps(ctx), _shallow(ctx.gitdir), version)
+
+
+def _shallow(gitdir: str) -> list[str]:
+    try:
+        with open(os.path.join(gitdir, "shallow")) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
+def serve(ctx, body) -> Iterable[bytes]:
+    def chunks():
+        while True:
+            c = body.read(65536)
+            if not c:
+                return
+            yield c
+    return gitexec.git_stream(["receive-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env, input=chunks())

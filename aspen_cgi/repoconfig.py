@@ -1,0 +1,109 @@
+"""A repository's git configuration, read once per request through git itself.
+
+`git config -l -z` gives the whole stack (system, global, repository,
+includes) exactly as git sees it; this module parses it and answers typed
+questions with git's own rules for booleans and sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from . import gitexec
+
+_TRUE = {"true", "yes", "on", "1", ""}
+_FALSE = {"false", "no", "off", "0"}
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def parse_bool(value: Optional[str]) -> bool:
+    if value is None:
+        return True
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    try:
+        return int(v) != 0
+    except ValueError:
+        raise ConfigError(f"bad boolean config value '{value}'") from None
+
+
+def parse_size(value: str) -> int:
+    """git_parse_ulong: a number with an optional k/m/g suffix."""
+    v = value.strip().lower()
+    unit = v[-1:] if v[-1:] in ("k", "m", "g") else ""
+    digits = v[:-1] if unit else v
+    if not digits or not digits.isdigit():
+        raise ConfigError(f"bad numeric config value '{value}'")
+    return int(digits) * _UNITS[unit]
+
+
+def _key(name: str) -> str:
+    """Section and variable names are case-insensitive; subsections are not."""
+    first, _, rest = name.partition(".")
+    if "." in rest:
+        sub, _, var = rest.rpartition(".")
+        return f"{first.lower()}.{sub}.{var.lower()}"
+    return name.lower()
+
+
+@dataclass
+class RepoConfig:
+    values: dict[str, list[Optional[str]]] = field(default_factory=dict)
+    entries: list[tuple[str, Optional[str]]] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "RepoConfig":
+        values: dict[str, list[Optional[str]]] = {}
+        entries: list[tuple[str, Optional[str]]] = []
+        for entry in raw.split(b"\0"):
+            if not entry:
+                continue
+            name, nl, value = entry.decode("utf-8", "surrogateescape").partition("\n")
+            values.setdefault(_key(name), []).append(value if nl else None)
+            entries.append((_key(name), value if nl else None))
+        return cls(values, entries)
+
+    def ordered(self, *names: str) -> list[Optional[str]]:
+        """Values of several keys in the order git read them."""
+        keys = {_key(n) for n in names}
+        return [v for k, v in self.entries if k in keys]
+
+    @classmethod
+    def load(cls, gitdir: str, env: Optional[Mapping[str, str]] = None) -> "RepoConfig":
+        res = gitexec.git(["config", "-l", "-z"], cwd=gitdir, env=gitexec.child_env(env, GIT_DIR="."))
+        return cls.parse(res.stdout if res.ok else b"")
+
+    def get(self, name: str) -> Optional[str]:
+        vals = self.values.get(_key(name))
+        if not vals:
+            return None
+        return vals[-1] if vals[-1] is not None else ""
+
+    def has(self, name: str) -> bool:
+        return _key(name) in self.values
+
+    def get_all(self, name: str) -> list[Optional[str]]:
+        return list(self.values.get(_key(name), []))
+
+    def bool(self, name: str, default: bool) -> bool:
+        vals = self.values.get(_key(name))
+        if not vals:
+            return default
+        return parse_bool(vals[-1])
+
+    def int(self, name: str, default: int) -> int:
+        v = self.get(name)
+        if v is None:
+            return default
+        try:
+            return parse_size(v)
+        except ConfigError:
+            return default

@@ -1,0 +1,111 @@
+"""The upload-pack service: Aspen writes the advertisements and ls-refs itself,
+parses every fetch into a FetchRequest, and hands the response to a
+responder. Today the responder is git's own upload-pack (exact stock
+semantics); the planner plugs in at `respond()`."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterable, Iterator
+
+from . import AGENT, gitexec
+from .protocol import advertise as adv, pktline
+from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
+from .refs import HiddenRefs, RefSnapshot, read_refs
+
+
+def _caps(ctx) -> adv.UploadCaps:
+    c = ctx.config
+    allow_any = c.bool("uploadpack.allowanysha1inwant", False)
+    unborn = (c.get("lsrefs.unborn") or "advertise").lower()
+    return adv.UploadCaps(
+        allow_tip=allow_any or c.bool("uploadpack.allowtipsha1inwant", False),
+        allow_reachable=allow_any or c.bool("uploadpack.allowreachablesha1inwant", False),
+        allow_filter=c.bool("uploadpack.allowfilter", False),
+        allow_ref_in_want=c.bool("uploadpack.allowrefinwant", False),
+        allow_sideband_all=c.bool("uploadpack.allowsidebandall", False) or os.environ.get("GIT_TEST_SIDEBAND_ALL") == "1",
+        packfile_uris=c.get("uploadpack.blobpackfileuri") is not None,
+        session_id=f"aspen-{uuid.uuid4().hex}" if c.bool("transfer.advertisesid", False) else None,
+        unborn=unborn if unborn in ("advertise", "allow", "ignore") else "advertise",
+        agent=AGENT,
+    )
+
+
+def _shallow(gitdir: str) -> list[str]:
+    try:
+        with open(os.path.join(gitdir, "shallow")) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []
+
+
+def _hidden(ctx):
+    return HiddenRefs.from_config(ctx.config, "uploadpack").hidden
+
+
+def _snapshot(ctx) -> RefSnapshot:
+    return read_refs(ctx.gitdir, ctx.env, ctx.namespace)
+
+
+def advertise(ctx) -> Iterator[bytes]:
+    caps = _caps(ctx)
+    if ctx.protocol_version == 2:
+        return adv.v2_capabilities(caps)
+    return adv.upload_v0(_snapshot(ctx), caps, _hidden(ctx), _shallow(ctx.gitdir), ctx.protocol_version)
+
+
+def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
+    snap = _snapshot(ctx)
+    hidden = _hidden(ctx)
+    unborn = req.unborn and _caps(ctx).unborn != "ignore"
+    prefixes = req.prefixes or [""]
+    ns = snap.namespace_prefix
+
+    def line(name: str, oid, symref, peeled) -> bytes:
+        text = f"{oid} {name}" if oid else f"unborn {name}"
+        if req.symrefs and symref:
+            text += f" symref-target:{symref}"
+        if req.peel and oid and peeled:
+            text += f" peeled:{peeled}"
+        return pktline.encode((text + "\n").encode("utf-8", "surrogateescape"))
+
+    def wanted(name: str) -> bool:
+        return not hidden(name, ns + name) and any(name.startswith(p) for p in prefixes)
+
+    head = snap.head
+    if head is not None and wanted("HEAD"):
+        yield line("HEAD", head.oid, head.symref_target, head.peeled)
+    elif head is None and snap.head_target is not None and unborn and req.symrefs and wanted("HEAD"):
+        yield line("HEAD", None, snap.head_target, None)
+    for ref in snap.refs:
+        if wanted(ref.name):
+            yield line(ref.name, ref.oid, ref.symref_target, ref.peeled)
+    yield pktline.FLUSH
+
+
+def git_upload_pack(ctx, data: bytes) -> Iterable[bytes]:
+    """The fallback responder: git's upload-pack, stateless, with the request as it came."""
+    return gitexec.git_stream(["upload-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env, input=data)
+
+
+def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
+    """The seam where the planner will answer from stored packs."""
+    ctx.trace.update(plan="fallback", why=req.needs_fallback_reason or "no-planner")
+    return git_upload_pack(ctx, data)
+
+
+def serve(ctx, data: bytes) -> Iterable[bytes]:
+    if ctx.protocol_version == 2:
+        req = parse_v2(data)
+        if req is None:
+            return iter(())
+        if isinstance(req, LsRefsRequest):
+            return ls_refs(ctx, req)
+        if isinstance(req, OtherCommand):
+            return git_upload_pack(ctx, data)
+        return respond(ctx, req, data)
+    req = parse_v0(data)
+    if not req.wants:
+        return iter(())
+    return respond(ctx, req, data)

@@ -1,0 +1,54 @@
+"""`application`: Aspen as a WSGI app for gunicorn and mod_wsgi, configured
+from the environment exactly as the CGI is (GIT_PROJECT_ROOT,
+GIT_HTTP_EXPORT_ALL, ...), whether set on the process or by the server."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterable
+
+from .accesslog import Counted, enabled, write_messages
+from .http import dumb
+from .http.backend import handle
+from .http.message import Request
+
+_PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
+
+
+def cgi_env(environ: dict) -> dict[str, str]:
+    """The process environment overlaid with the request's CGI variables."""
+    env = dict(os.environ)
+    for key, value in environ.items():
+        if isinstance(value, str) and "." not in key:
+            if key in _PATH_KEYS:
+                value = value.encode("latin-1").decode("utf-8", "surrogateescape")
+            env[key] = value
+    if not environ.get("CONTENT_LENGTH"):
+        env.pop("CONTENT_LENGTH", None)
+    return env
+
+
+class _Empty:
+    def read(self, n: int = -1) -> bytes:
+        return b""
+
+
+def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
+    started = time.monotonic()
+    env = cgi_env(environ)
+    stream = environ["wsgi.input"]
+    if not environ.get("CONTENT_LENGTH") and not environ.get("wsgi.input_terminated"):
+        # PEP 3333: without a length the body may not be read to EOF unless the server terminates it.
+        stream = _Empty() if environ.get("HTTP_TRANSFER_ENCODING", "").lower() != "chunked" else stream
+    resp = handle(Request(env, stream, None))
+    errors = environ["wsgi.errors"]
+    write_messages(errors, resp.log)
+    headers = [(k, v) for k, v in resp.headers if k != "Status"]
+    start_response(f"{resp.status} {resp.reason}", headers)
+    body = resp.body
+    wrapper = environ.get("wsgi.file_wrapper")
+    if wrapper is not None and isinstance(body, dumb.FileBody):
+        body = wrapper(body.file, 65536)
+    return Counted(body, errors, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
+                   resp.status, resp.trace, started, enabled(env))

@@ -1,0 +1,228 @@
+"""Shared test machinery: repositories with history, the stock and Aspen CGI
+programs run side by side, the WSGI app called in process, and gunicorn
+serving Aspen on loopback for real git clients."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+STOCK = "/usr/lib/git-core/git-http-backend"
+ASPEN_CGI = str(Path(sys.executable).parent / "aspen-cgi")
+GUNICORN = str(Path(sys.executable).parent / "gunicorn")
+
+BASE_ENV = {
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "HOME": os.environ.get("HOME", "/root"),
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "ASPEN_ACCESS_LOG": "0",
+}
+
+
+def git(*args: str, cwd: Optional[str] = None, env: Optional[dict] = None, check: bool = True,
+        input: Optional[bytes] = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.update(env or {})
+    proc = subprocess.run(["git", *args], cwd=cwd, env=e, input=input, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr.decode(errors='replace')}")
+    return proc
+
+
+def out(*args: str, cwd: Optional[str] = None, env: Optional[dict] = None) -> str:
+    return git(*args, cwd=cwd, env=env).stdout.decode().strip()
+
+
+def make_history(bare: Path, commits: int = 5, branches: tuple[str, ...] = ("topic",), tags: bool = True) -> Path:
+    """A bare repository with `commits` commits on main (files in nested dirs,
+    a rename), extra branches, an annotated and a lightweight tag, a merge."""
+    work = bare.parent / (bare.name + ".work")
+    git("init", "-q", "-b", "main", str(work))
+    for i in range(commits):
+        d = work / "src" / f"d{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"file{i}.txt").write_text("".join(f"line {j} of commit {i}\n" for j in range(20 + i)))
+        (work / "README").write_text(f"readme version {i}\n" * (i + 1))
+        if i == 2:
+            git("mv", "src/d0/file0.txt", "src/renamed.txt", cwd=str(work))
+        git("add", "-A", cwd=str(work))
+        git("commit", "-q", "-m", f"commit {i}", cwd=str(work))
+    for b in branches:
+        git("checkout", "-q", "-b", b, cwd=str(work))
+        (work / f"{b}.txt").write_text(f"on {b}\n")
+        git("add", "-A", cwd=str(work))
+        git("commit", "-q", "-m", f"work on {b}", cwd=str(work))
+        git("checkout", "-q", "main", cwd=str(work))
+    if branches:
+        git("merge", "-q", "--no-ff", "-m", f"merge {branches[0]}", branches[0], cwd=str(work))
+    if tags:
+        git("tag", "-a", "v1.0", "-m", "release 1.0", "HEAD~1", cwd=str(work))
+        git("tag", "light", "HEAD", cwd=str(work))
+    git("clone", "-q", "--bare", str(work), str(bare))
+    git("remote", "remove", "origin", cwd=str(bare), check=False)
+    shutil.rmtree(work)
+    return bare
+
+
+@dataclass
+class CgiResult:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    stderr: bytes
+    raw_head: bytes = b""
+
+    def header(self, name: str) -> Optional[str]:
+        vals = [v for k, v in self.headers if k.lower() == name.lower()]
+        return vals[-1] if vals else None
+
+    def header_names(self) -> list[str]:
+        return [k for k, _ in self.headers]
+
+
+def parse_cgi(raw: bytes, stderr: bytes = b"") -> CgiResult:
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        raise AssertionError(f"no header block in CGI output: {raw[:200]!r}")
+    headers = []
+    status = 200
+    for line in head.split(b"\r\n"):
+        if not line:
+            continue
+        k, _, v = line.decode("latin-1").partition(": ")
+        headers.append((k, v))
+        if k == "Status":
+            status = int(v.split()[0])
+    return CgiResult(status, headers, body, stderr, head)
+
+
+def run_cgi(program: str, env: dict, body: bytes = b"", timeout: float = 60) -> CgiResult:
+    full = dict(BASE_ENV)
+    full.update(env)
+    argv = [program] if program != "aspen" else [ASPEN_CGI]
+    proc = subprocess.run(argv, env=full, input=body, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    return parse_cgi(proc.stdout, proc.stderr)
+
+
+def stock(env: dict, body: bytes = b"", timeout: float = 60) -> CgiResult:
+    return run_cgi(STOCK, env, body, timeout)
+
+
+def aspen(env: dict, body: bytes = b"", timeout: float = 60) -> CgiResult:
+    return run_cgi("aspen", env, body, timeout)
+
+
+def wsgi(env: dict, body: bytes = b"") -> CgiResult:
+    """Call aspen_cgi.wsgi.application in process with a CGI-like environ.
+
+    Server settings (GIT_PROJECT_ROOT, ...) go in the environ, as mod_wsgi's
+    SetEnv puts them; the process environment is reduced to BASE_ENV."""
+    from aspen_cgi import wsgi as app
+    environ = dict(BASE_ENV)
+    environ.update(env)
+    environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
+    environ.setdefault("SERVER_NAME", "localhost")
+    environ.setdefault("SERVER_PORT", "80")
+    environ.setdefault("SCRIPT_NAME", "")
+    for k in ("PATH_INFO", "QUERY_STRING", "PATH_TRANSLATED"):
+        if k in environ:
+            environ[k] = environ[k].encode("utf-8", "surrogateescape").decode("latin-1")
+    errors = io.StringIO()
+    environ.update({"wsgi.input": io.BytesIO(body), "wsgi.errors": errors, "wsgi.version": (1, 0),
+                    "wsgi.url_scheme": "http", "wsgi.multithread": False, "wsgi.multiprocess": False,
+                    "wsgi.run_once": False, "wsgi.input_terminated": True})
+    captured = {}
+
+    def start_response(status, headers, exc_info=None):
+        captured["status"] = status
+        captured["headers"] = headers
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(BASE_ENV)
+    try:
+        it = app.application(environ, start_response)
+        try:
+            data = b"".join(it)
+        finally:
+            close = getattr(it, "close", None)
+            if close:
+                close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    status = int(captured["status"].split()[0])
+    return CgiResult(status, list(captured["headers"]), data, errors.getvalue().encode())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """gunicorn serving aspen_cgi.wsgi:application over ROOT on loopback."""
+    root: Path
+    env: dict = field(default_factory=dict)
+    port: int = 0
+    proc: Optional[subprocess.Popen] = None
+    log: Optional[Path] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Server":
+        self.port = free_port()
+        env = dict(os.environ)
+        env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1"})
+        env.update(self.env)
+        self.log = self.root.parent / f"gunicorn-{self.port}.log"
+        self.proc = subprocess.Popen(
+            [GUNICORN, "--bind", f"127.0.0.1:{self.port}", "--worker-class", "gthread", "--threads", "8",
+             "--workers", "2", "--timeout", "120", "aspen_cgi.wsgi:application"],
+            env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+            cwd=str(Path(__file__).resolve().parent.parent))
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"gunicorn exited: {self.log.read_text()}")
+                time.sleep(0.1)
+        raise AssertionError("gunicorn did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log else ""
+
+
+def refs_of(repo: str) -> dict[str, str]:
+    text = out("for-each-ref", "--format=%(objectname) %(refname)", cwd=repo)
+    return dict(reversed(line.split(" ", 1)) for line in text.splitlines() if line)
+
+
+def fsck_strict(repo: str) -> None:
+    git("fsck", "--strict", "--no-progress", cwd=repo)
