@@ -15,7 +15,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     ms = (time.monotonic() - started) * 1000
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
-    for key in ("plan", "why"):
+    for key in ("plan", "why", "commands", "objects", "push"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
@@ -25,8 +25,9 @@ class Counted:
     """Wraps a response body, counts its bytes, and writes the access line once it is done."""
 
     def __init__(self, body: Iterable[bytes], errors: IO[str], method: str, path: str, status: int,
-                 trace: dict, started: float, log: bool):
+                 trace: dict, started: float, log: bool, late=None):
         self.body = body
+        self.late = late
         self.errors = errors
         self.head = (method, path, status)
         self.trace = trace
@@ -44,6 +45,13 @@ class Counted:
         close = getattr(self.body, "close", None)
         if close is not None:
             close()
+        if self.late is not None:
+            late, self.late = self.late, None
+            write_messages(self.errors, late())
+            try:
+                self.errors.flush()
+            except (OSError, ValueError):
+                pass
         if self.log and not self._done:
             self._done = True
             method, path, status = self.head

@@ -20,7 +20,7 @@ def main() -> int:
     out = sys.stdout.buffer
     head = "".join(f"{k}: {v}\r\n" for k, v in resp.headers) + "\r\n"
     body = Counted(resp.body, sys.stderr, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
-                   resp.status, resp.trace, started, enabled(env))
+                   resp.status, resp.trace, started, enabled(env), resp.late)
     try:
         out.write(head.encode("utf-8", "surrogateescape"))
         for chunk in body:

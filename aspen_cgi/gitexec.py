@@ -135,3 +135,42 @@ def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """Kill a child we started (pack intake, hook) that is still running."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def read_idle(stream: IO[bytes], idle: float) -> Iterator[Optional[bytes]]:
+    """A child's output pipe as chunks, with None after every IDLE seconds of
+    silence (so a caller can send keepalives); IDLE <= 0 never yields None."""
+    import queue
+    q: "queue.Queue[Optional[bytes]]" = queue.Queue()
+
+    def pump() -> None:
+        try:
+            while True:
+                chunk = stream.read1(CHUNK)
+                if not chunk:
+                    break
+                q.put(chunk)
+        except (OSError, ValueError):
+            pass
+        finally:
+            q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    while True:
+        try:
+            item = q.get(timeout=idle) if idle > 0 else q.get()
+        except queue.Empty:
+            yield None
+            continue
+        if item is None:
+            return
+        yield item

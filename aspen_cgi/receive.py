@@ -1,12 +1,13 @@
-"""The receive-pack service (placeholder: advertisement is Aspen's, the push
-is still git's own receive-pack until Aspen's intake lands)."""
+"""The receive-pack service: the advertisement, and a push end to end as
+stock receive-pack does it (commands, pack intake into a quarantine,
+connectivity, receive.* checks, hooks, ref updates, report-status)."""
 
 from __future__ import annotations
 
 import os
 from typing import Iterable, Iterator
 
-from . import AGENT, gitexec
+from . import AGENT
 from .protocol import advertise as adv
 from .refs import HiddenRefs, read_refs
 
@@ -80,10 +81,8 @@ def _shallow(gitdir: str) -> list[str]:
 
 
 def serve(ctx, body) -> Iterable[bytes]:
-    def chunks():
-        while True:
-            c = body.read(65536)
-            if not c:
-                return
-            yield c
-    return gitexec.git_stream(["receive-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env, input=chunks())
+    """Answer one push request. Everything up to the end of the pack is read
+    before the first chunk is produced, so a bad or short body becomes an
+    HTTP error; later failures are reported in the protocol."""
+    from .pushflow import Push
+    return Push(ctx, body).run()

@@ -13,15 +13,38 @@ from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
 from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
 from .refs import HiddenRefs, RefSnapshot, read_refs
+from .repoconfig import ConfigError, parse_bool
+
+
+_ALLOW_TIP, _ALLOW_REACHABLE, _ALLOW_ANY = 1, 2, 4
+_ALLOW_BITS = {"uploadpack.allowtipsha1inwant": _ALLOW_TIP,
+               "uploadpack.allowreachablesha1inwant": _ALLOW_REACHABLE,
+               "uploadpack.allowanysha1inwant": _ALLOW_TIP | _ALLOW_REACHABLE | _ALLOW_ANY}
+
+
+def _allow_uor(config) -> int:
+    """upload_pack_config()'s allow_uor: each setting sets or clears its bits
+    in the order git reads them (allowAnySHA1InWant=false clears all three)."""
+    allow = 0
+    for key, value in config.entries:
+        bits = _ALLOW_BITS.get(key)
+        if bits is None:
+            continue
+        try:
+            on = parse_bool(value)
+        except ConfigError:
+            on = False
+        allow = (allow | bits) if on else (allow & ~bits)
+    return allow
 
 
 def _caps(ctx) -> adv.UploadCaps:
     c = ctx.config
-    allow_any = c.bool("uploadpack.allowanysha1inwant", False)
+    allow = _allow_uor(c)
     unborn = (c.get("lsrefs.unborn") or "advertise").lower()
     return adv.UploadCaps(
-        allow_tip=allow_any or c.bool("uploadpack.allowtipsha1inwant", False),
-        allow_reachable=allow_any or c.bool("uploadpack.allowreachablesha1inwant", False),
+        allow_tip=bool(allow & _ALLOW_TIP),
+        allow_reachable=bool(allow & _ALLOW_REACHABLE),
         allow_filter=c.bool("uploadpack.allowfilter", False),
         allow_ref_in_want=c.bool("uploadpack.allowrefinwant", False),
         allow_sideband_all=c.bool("uploadpack.allowsidebandall", False) or os.environ.get("GIT_TEST_SIDEBAND_ALL") == "1",
@@ -78,6 +101,10 @@ def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
         yield line("HEAD", head.oid, head.symref_target, head.peeled)
     elif head is None and snap.head_target is not None and unborn and req.symrefs and wanted("HEAD"):
         yield line("HEAD", None, snap.head_target, None)
+    if ns and head is not None and wanted("HEAD"):
+        # stock lists a namespace's HEAD twice: once as HEAD, once as the ref
+        # refs/namespaces/<ns>/HEAD met while walking the namespace.
+        yield line("HEAD", head.oid, head.symref_target, head.peeled)
     for ref in snap.refs:
         if wanted(ref.name):
             yield line(ref.name, ref.oid, ref.symref_target, ref.peeled)

@@ -51,4 +51,4 @@ def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
     if wrapper is not None and isinstance(body, dumb.FileBody):
         body = wrapper(body.file, 65536)
     return Counted(body, errors, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
-                   resp.status, resp.trace, started, enabled(env))
+                   resp.status, resp.trace, started, enabled(env), resp.late)

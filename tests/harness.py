@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import uuid
 import shutil
 import signal
 import socket
@@ -185,25 +187,27 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "Server":
-        self.port = free_port()
+        """Bind port 0 and read the port gunicorn got from its own log line, so
+        that no other test's server can take the port in between."""
         env = dict(os.environ)
         env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1"})
         env.update(self.env)
-        self.log = self.root.parent / f"gunicorn-{self.port}.log"
+        self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
         self.proc = subprocess.Popen(
-            [GUNICORN, "--bind", f"127.0.0.1:{self.port}", "--worker-class", "gthread", "--threads", "8",
+            [GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", "8",
              "--workers", "2", "--timeout", "120", "aspen_cgi.wsgi:application"],
             env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
             cwd=str(Path(__file__).resolve().parent.parent))
+        pattern = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+) \(%d\)" % self.proc.pid)
         deadline = time.time() + 30
         while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise AssertionError(f"gunicorn exited: {self.log.read_text()}")
-                time.sleep(0.1)
+            m = pattern.search(self.log_text())
+            if m:
+                self.port = int(m.group(1))
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gunicorn exited: {self.log_text()}")
+            time.sleep(0.05)
         raise AssertionError("gunicorn did not start")
 
     def stop(self) -> None:

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional
 
+from .. import gitexec
 from .. import refs as refs_mod
 from ..protocol.pktline import ProtocolError
 from ..repoconfig import ConfigError, RepoConfig
@@ -82,11 +83,30 @@ def _getanyfile(config: RepoConfig, prefix) -> None:
         raise _forbidden("Unsupported service: getanyfile", prefix)
 
 
+_EXEC_PATH: Optional[str] = None
+
+
+def _exec_path() -> str:
+    global _EXEC_PATH
+    if _EXEC_PATH is None:
+        res = gitexec.git(["--exec-path"], cwd="/")
+        _EXEC_PATH = res.stdout.decode().strip() if res.ok else ""
+    return _EXEC_PATH
+
+
 def child_env(env: Mapping[str, str], gitdir: str) -> dict[str, str]:
     """run_service()'s environment: everything we were given, plus the
     committer identity and the protocol version stock derives."""
     out = dict(env)
     out["GIT_DIR"] = gitdir
+    # stock's setup_path() exports the exec path and puts it first on PATH, so
+    # children and hooks see GIT_EXEC_PATH and can run dashed helpers (git-sh-setup)
+    exec_path = out.get("GIT_EXEC_PATH") or _exec_path()
+    if exec_path:
+        out["GIT_EXEC_PATH"] = exec_path
+        old = out.get("PATH", "")
+        if old.split(":")[0] != exec_path:
+            out["PATH"] = exec_path + (":" + old if old else "")
     if "GIT_COMMITTER_NAME" not in out:
         out["GIT_COMMITTER_NAME"] = out.get("REMOTE_USER") or "anonymous"
     if "GIT_COMMITTER_EMAIL" not in out:
@@ -137,7 +157,7 @@ def _handle(req: Request) -> Response:
         raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")
     paths.check_ownership(repo, env)
     if "GIT_HTTP_EXPORT_ALL" not in env and not os.access(os.path.join(repo.gitdir, "git-daemon-export-ok"), os.F_OK):
-        raise HttpError(404, "Not Found", f"Repository not exported: '{repo.path}'")
+        raise HttpError(404, "Not Found", f"Repository not exported: '{m.repo_dir}'")
     cenv = child_env(env, repo.gitdir)
     config = RepoConfig.load(repo.gitdir, cenv)
     max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
@@ -204,35 +224,73 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     if length is None and "CONTENT_LENGTH" in req.env:
         length = parse_content_length(req.env.get("CONTENT_LENGTH"))
     gzip = req.env.get("HTTP_CONTENT_ENCODING") in ("gzip", "x-gzip")
+    body_obj: Optional[Body] = None
     if svc == "upload-pack":
         from .. import upload as service
         data = read_upload_request(req.input, length, gzip, max_buffer)
+        if not data:
+            # stock's upload-pack dies on an empty request (t5562); Aspen says so with a status
+            raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
         stream = service.serve(ctx, data)
     else:
         from .. import receive as service
-        stream = service.serve(ctx, Body(req.input, length, gzip))
-    body = _primed(iter(stream))
+        body_obj = Body(req.input, length, gzip)
+        stream = service.serve(ctx, body_obj)
+    primed = _primed(iter(stream), body_obj)
     hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
-    return Response(200, "OK", hdrs, body, ctx.log, ctx.trace)
+    resp = Response(200, "OK", hdrs, primed, ctx.log, ctx.trace)
+    resp.late = primed.late_messages
+    return resp
 
 
 class _primed:
     """Runs a response stream up to its first chunk before headers go out, so
-    a request that fails early still gets a real status."""
+    a request that fails early still gets a real status.
 
-    def __init__(self, it: Iterator[bytes]):
+    BODY is the request body the stream consumes (receive-pack). If the
+    stream ends without a byte, the rest of the body is read as stock reads
+    it to the end, so a short or corrupt body is always an HTTP error rather
+    than a race; an error found after the headers went out is reported as a
+    late `fatal:` message, the body is simply truncated."""
+
+    def __init__(self, it: Iterator[bytes], body: Optional[Body] = None):
         self.it = it
+        self.body = body
+        self._late: list[str] = []
         try:
             self.first: Optional[bytes] = next(it)
         except StopIteration:
             self.first = None
             self.it = iter(())
+        except BaseException:
+            self.close()
+            raise
+        if self.first is None and body is not None:
+            self._drain()
+        if body is not None and body.error is not None:
+            self.close()
+            raise body.error
+
+    def _drain(self) -> None:
+        try:
+            while self.body.read(65536):
+                pass
+        except BodyError:
+            pass
+        except OSError:
+            pass
 
     def __iter__(self) -> Iterator[bytes]:
         if self.first:
             yield self.first
         self.first = None
         yield from self.it
+
+    def late_messages(self) -> list[str]:
+        if self.body is not None and self.body.error is not None and not self._late:
+            self._late.append(f"fatal: {self.body.error.message}")
+            return list(self._late)
+        return []
 
     def close(self) -> None:
         close = getattr(self.it, "close", None)

@@ -11,28 +11,65 @@ from ..repoconfig import ConfigError, parse_size
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024
 CHUNK = 65536
-INFLATE_FACTOR = 10   # an inflated upload-pack request may be this many times the buffer limit
+INFLATE_FACTOR = 1    # an inflated upload-pack request is bounded by the same buffer limit (gzip bombs get 413)
 
 
-class BodyError(Exception):
+class BodyError(OSError):
+    """A request body that cannot be read as sent (short, bad gzip, too large).
+
+    An OSError so that a thread feeding the body to a child (which stops on
+    OSError) ends quietly; the error is also recorded on the Body, so the
+    pipeline can still report it."""
+
     def __init__(self, status: int, reason: str, message: str):
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.message = message
 
+    def __str__(self) -> str:
+        return self.message
+
+
+SSIZE_MAX = (1 << 63) - 1
+_UNIT = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_SPACE = " \t\n\v\f\r"
+
+
+def _strtoimax(s: str) -> tuple[Optional[int], str]:
+    """C strtoimax(s, &end, 0): leading space, a sign, 0x/0 prefixes. Returns (value or None, rest)."""
+    i = 0
+    while i < len(s) and s[i] in _SPACE:
+        i += 1
+    sign = 1
+    if i < len(s) and s[i] in "+-":
+        sign = -1 if s[i] == "-" else 1
+        i += 1
+    base, digits = 10, "0123456789"
+    if s[i:i + 2].lower() == "0x" and s[i + 2:i + 3].lower() in tuple("0123456789abcdef"):
+        base, digits, i = 16, "0123456789abcdef", i + 2
+    elif s[i:i + 1] == "0":
+        base, digits = 8, "01234567"
+    j = i
+    while j < len(s) and s[j].lower() in digits:
+        j += 1
+    if j == i:
+        return None, s
+    return sign * int(s[i:j], base), s[j:]
+
 
 def parse_content_length(value: Optional[str]) -> Optional[int]:
-    """CONTENT_LENGTH as git_parse_ssize_t reads it; None means read to EOF."""
+    """CONTENT_LENGTH as stock's get_content_length() reads it with
+    git_parse_ssize_t (strtoimax base 0, optional k/m/g unit). None means
+    read to EOF: unset, empty, or negative."""
     if value is None or value == "":
         return None
-    try:
-        n = parse_size(value.lstrip("+"))
-    except ConfigError:
-        raise BodyError(400, "Bad Request", f"failed to parse CONTENT_LENGTH: {value}") from None
-    if n >= 1 << 63:
+    n, rest = _strtoimax(value)
+    factor = _UNIT.get(rest.lower()) if n is not None else None
+    if n is None or factor is None or not (-SSIZE_MAX - 1 <= n <= SSIZE_MAX) or abs(n) > SSIZE_MAX // factor:
         raise BodyError(400, "Bad Request", f"failed to parse CONTENT_LENGTH: {value}")
-    return n
+    n *= factor
+    return n if n >= 0 else None
 
 
 def max_request_buffer(env_value: Optional[str], config_value: Optional[str]) -> int:
@@ -56,6 +93,11 @@ class Body:
         self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
         self._pending = b""
         self._eof = False
+        self.error: Optional[BodyError] = None
+
+    def _fail(self, status: int, reason: str, message: str) -> BodyError:
+        self.error = BodyError(status, reason, message)
+        return self.error
 
     def _raw(self, n: int) -> bytes:
         if self.remaining is not None:
@@ -65,8 +107,8 @@ class Body:
         data = self.stream.read(n)
         if not data:
             if self.remaining:
-                raise BodyError(400, "Bad Request",
-                                f"request body ended after {self.raw_bytes} of {self.length} bytes")
+                raise self._fail(400, "Bad Request",
+                                 f"request body ended after {self.raw_bytes} of {self.length} bytes")
             self.remaining = 0 if self.remaining is not None else None
             return b""
         self.raw_bytes += len(data)
@@ -83,11 +125,11 @@ class Body:
                 break
             raw = self._inflate.unconsumed_tail or self._raw(CHUNK)
             if not raw:
-                raise BodyError(400, "Bad Request", "request ended in the middle of the gzip stream")
+                raise self._fail(400, "Bad Request", "request ended in the middle of the gzip stream")
             try:
                 self._pending = self._inflate.decompress(raw, CHUNK)
             except zlib.error as e:
-                raise BodyError(400, "Bad Request", f"corrupt gzip request body: {e}") from None
+                raise self._fail(400, "Bad Request", f"corrupt gzip request body: {e}") from None
         out, self._pending = self._pending[:n], self._pending[n:]
         return out
 
@@ -100,9 +142,9 @@ class Body:
                 return bytes(out)
             out += chunk
             if len(out) > limit:
-                raise BodyError(413, "Payload Too Large",
-                                f"request was larger than our maximum size ({limit}); "
-                                "try setting GIT_HTTP_MAX_REQUEST_BUFFER")
+                raise self._fail(413, "Payload Too Large",
+                                 f"request was larger than our maximum size ({limit}); "
+                                 "try setting GIT_HTTP_MAX_REQUEST_BUFFER")
 
 
 def read_upload_request(stream: IO[bytes], length: Optional[int], gzip: bool, max_buffer: int) -> bytes:

@@ -17,13 +17,20 @@ def head_body(snap: RefSnapshot) -> bytes:
     if head is None:
         return b""
     if head.symref_target is not None:
-        return f"ref: {head.symref_target}\n".encode()
+        # stock resolves the symref chain fully (HEAD -> alias -> branch names the branch)
+        target, index, seen = head.symref_target, snap.by_name(), set()
+        while target in index and index[target].symref_target and target not in seen:
+            seen.add(target)
+            target = index[target].symref_target
+        return f"ref: {target}\n".encode("utf-8", "surrogateescape")
     return f"{head.oid}\n".encode()
 
 
 def info_refs_body(snap: RefSnapshot) -> bytes:
     out = []
     for ref in snap.refs:
+        if getattr(ref, "missing", False):
+            continue    # stock's show_text_ref skips refs whose object is missing
         out.append(f"{ref.oid}\t{ref.name}\n")
         if ref.peeled:
             out.append(f"{ref.peeled}\t{ref.name}^{{}}\n")
@@ -31,7 +38,11 @@ def info_refs_body(snap: RefSnapshot) -> bytes:
 
 
 def info_packs_body(gitdir: str) -> bytes:
-    """`P pack-<h>.pack` per local pack, newest first as git orders them, then a blank line."""
+    """`P pack-<h>.pack` per local pack in git's packed_git order, then a blank line.
+
+    git reads the pack directory in readdir order, prepends each pack to its
+    list, then stable-sorts newest first by the pack's mtime in whole seconds;
+    so packs with equal mtimes come out in reverse directory order."""
     packdir = os.path.join(gitdir, "objects", "pack")
     packs = []
     try:
@@ -42,9 +53,10 @@ def info_packs_body(gitdir: str) -> bytes:
         if name.startswith("pack-") and name.endswith(".idx"):
             pack = name[:-4] + ".pack"
             try:
-                packs.append((os.stat(os.path.join(packdir, pack)).st_mtime, pack))
+                packs.append((int(os.stat(os.path.join(packdir, pack)).st_mtime), pack))
             except OSError:
                 continue
+    packs.reverse()
     packs.sort(key=lambda p: -p[0])
     return ("".join(f"P {p}\n" for _, p in packs) + "\n").encode()
 

@@ -4,7 +4,7 @@ WSGI adapter and the backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Mapping, Optional
+from typing import IO, Callable, Iterable, Mapping, Optional
 
 
 @dataclass
@@ -24,6 +24,8 @@ class Response:
     body: Iterable[bytes] = ()
     log: list[str] = field(default_factory=list)    # stderr messages, as stock writes them
     trace: dict = field(default_factory=dict)       # fields for the one request log line
+    # stderr messages known only once the body has been sent (e.g. a request body that broke mid-stream)
+    late: Optional[Callable[[], list[str]]] = None
 
     def close(self) -> None:
         close = getattr(self.body, "close", None)

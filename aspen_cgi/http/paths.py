@@ -81,18 +81,38 @@ def is_git_directory(path: str) -> bool:
             and _valid_head(path))
 
 
+MAX_GITFILE = 1 << 20
+
+
 def _read_gitfile(path: str) -> Optional[str]:
+    """Stock's read_gitfile(): None for anything but a regular file; a
+    regular file must be a valid gitfile or the request dies (500) with
+    git's own message."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_size > MAX_GITFILE:
+        raise die(f"too large to be a .git file: '{path}'")
     try:
         with open(path, "rb") as f:
-            data = f.read(PATH_MAX + 16).decode("utf-8", "surrogateescape")
-    except OSError:
-        return None
+            raw = f.read()
+    except OSError as e:
+        raise die(f"error opening '{path}': {e.strerror}") from None
+    data = raw.decode("utf-8", "surrogateescape")
     if not data.startswith("gitdir: "):
-        return None
-    target = data[8:].rstrip("\r\n")
-    if not os.path.isabs(target):
-        target = os.path.join(os.path.dirname(path), target)
-    return os.path.normpath(target)
+        raise die(f"invalid gitfile format: {path}")
+    data = data.rstrip("\r\n")
+    if len(data) < 9:
+        raise die(f"no path in gitfile: {path}")
+    target = data[8:]
+    if not target.startswith("/") and "/" in path:
+        target = path[:path.rindex("/") + 1] + target
+    if not is_git_directory(target):
+        raise die(f"not a git repository: {target}")
+    return os.path.realpath(target)
 
 
 @dataclass(frozen=True)
@@ -128,7 +148,7 @@ def enter_repo(path: str) -> Optional[Repo]:
             break
     else:
         return None
-    target = _read_gitfile(used) if os.path.isfile(used) else None
+    target = _read_gitfile(used)
     if target is not None:
         used = target
     if not os.path.isdir(used) or not is_git_directory(used):

@@ -51,7 +51,7 @@ def upload_v0(snap: RefSnapshot, caps: UploadCaps, hidden: Callable[[str, str], 
         cap_text += " allow-reachable-sha1-in-want"
     cap_text += " no-done"
     head = snap.head
-    if head is not None and head.symref_target is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
+    if head is not None and head.symref_target is not None:   # stock: even when HEAD itself is hidden
         cap_text += f" symref=HEAD:{head.symref_target}"
     if caps.allow_filter:
         cap_text += " filter"

@@ -1,0 +1,222 @@
+"""Pack intake for a push: a quarantine object directory inside objects/
+(stock's tmp_objdir "incoming-XXXXXX"), the pack streamed into
+`git index-pack --stdin --fix-thin` there, the connectivity check, and the
+migration of the quarantined objects into the repository's object store."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Callable, Generator, Mapping, Optional, Sequence
+
+from . import gitexec
+from .protocol.push import PackHeader
+
+CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class IntakeOptions:
+    fsck: bool = False
+    fsck_msg_types: str = ""      # ",id=severity,..." suffix for --strict=
+    max_input_size: int = 0
+    unpack_limit: int = 100
+    progress: bool = False         # side-band negotiated and not quiet
+    quiet: bool = False
+
+
+@dataclass
+class UnpackResult:
+    error: Optional[str]           # stock's unpack status string, None when ok
+    keep: Optional[str] = None     # objects/pack/pack-<hash>.keep once migrated: protects the
+                                   # pack from a concurrent gc until the refs point at it
+
+
+class Quarantine:
+    """objects/incoming-XXXXXX: objects of a push nobody else sees until migrate()."""
+
+    def __init__(self, gitdir: str):
+        self.objects = os.path.join(os.path.abspath(gitdir), "objects")
+        self.path = tempfile.mkdtemp(prefix="incoming-", dir=self.objects)
+        os.chmod(self.path, 0o755)
+        os.makedirs(os.path.join(self.path, "pack"), exist_ok=True)
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """tmp_objdir_env(): the quarantine as object directory, the real one as alternate."""
+        alts = self.objects
+        if base.get("GIT_ALTERNATE_OBJECT_DIRECTORIES"):
+            alts += os.pathsep + base["GIT_ALTERNATE_OBJECT_DIRECTORIES"]
+        return gitexec.child_env(base, GIT_OBJECT_DIRECTORY=self.path,
+                                 GIT_ALTERNATE_OBJECT_DIRECTORIES=alts,
+                                 GIT_QUARANTINE_PATH=self.path)
+
+    def migrate(self) -> bool:
+        """tmp_objdir_migrate(): loose objects and packs into objects/ (.idx
+        last so a reader never sees an index without its pack)."""
+        try:
+            self._migrate_dir(self.path, self.objects)
+        except OSError:
+            return False
+        self.remove()
+        return True
+
+    def _migrate_dir(self, src: str, dst: str) -> None:
+        names = sorted(os.listdir(src), key=_pack_priority)
+        for name in names:
+            s, d = os.path.join(src, name), os.path.join(dst, name)
+            if os.path.isdir(s):
+                os.makedirs(d, exist_ok=True)
+                self._migrate_dir(s, d)
+            else:
+                _finalize(s, d)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _pack_priority(name: str) -> tuple[int, str]:
+    if not name.startswith("pack"):
+        return (0, name)
+    for i, ext in enumerate((".keep", ".pack", ".rev", ".idx"), 1):
+        if name.endswith(ext):
+            return (i, name)
+    return (5, name)
+
+
+def _finalize(src: str, dst: str) -> None:
+    """finalize_object_file(): hard link (keep an existing copy), then unlink."""
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        pass
+    except OSError:
+        if not os.path.exists(dst):
+            os.replace(src, dst)
+            return
+    os.unlink(src)
+
+
+def index_pack_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
+    args = ["index-pack", "--stdin", f"--pack_header={header.version},{header.entries}",
+            f"--keep=receive-pack {os.getpid()} on {socket.gethostname() or 'localhost'}"]
+    # Stock unpacks small pushes with unpack-objects, which shows no progress
+    # on a pipe; it shows delta resolution only for packs at the unpack limit.
+    if opts.progress and header.entries >= opts.unpack_limit:
+        args.append("--show-resolving-progress")
+    if opts.fsck:
+        args.append("--strict" + (("=" + opts.fsck_msg_types) if opts.fsck_msg_types else ""))
+    args.append("--fix-thin")
+    if opts.max_input_size:
+        args.append(f"--max-input-size={opts.max_input_size}")
+    return args
+
+
+def unpack(q: Quarantine, gitdir: str, env: Mapping[str, str], header: PackHeader,
+           read: Callable[[int], bytes], opts: IntakeOptions,
+           keepalive: float = 0) -> Generator[Optional[bytes], None, UnpackResult]:
+    """Stream the rest of the pack from READ into index-pack in the quarantine.
+
+    Nothing is yielded until the whole body is read, so an exception from
+    READ (a short body) propagates before any output, after index-pack is
+    killed. Then index-pack's stderr is yielded as it comes, and None after
+    every KEEPALIVE seconds of silence (stock's keepalive after end of input)."""
+    proc = gitexec.start(index_pack_args(header, opts), cwd=gitdir, env=q.env(env),
+                         stdin=gitexec.PIPE, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
+    errors = gitexec.read_idle(proc.stderr, keepalive)
+    outbuf = bytearray()
+    drain = threading.Thread(target=_drain, args=(proc.stdout, outbuf), daemon=True)
+    drain.start()
+    done = False
+    try:
+        child_alive = True
+        try:
+            while True:
+                chunk = read(CHUNK)
+                if not chunk:
+                    break
+                if child_alive:
+                    try:
+                        proc.stdin.write(chunk)
+                    except (BrokenPipeError, OSError):
+                        child_alive = False   # keep reading the body so the client is answered
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        yield from errors
+        rc = proc.wait()
+        drain.join(timeout=10)
+        done = True
+    finally:
+        if not done:
+            gitexec.kill(proc)
+            proc.wait()
+    if rc != 0:
+        name = "unpack-objects" if header.entries < opts.unpack_limit else "index-pack"
+        return UnpackResult(f"{name} abnormal exit")
+    kind, _, pack_hash = bytes(outbuf).decode("latin-1").strip().partition("\t")
+    keep = os.path.join(q.objects, "pack", f"pack-{pack_hash}.keep") if kind == "keep" and pack_hash else None
+    return UnpackResult(None, keep)
+
+
+def _drain(stream, buf: bytearray) -> None:
+    try:
+        while True:
+            chunk = stream.read1(CHUNK) if hasattr(stream, "read1") else stream.read(CHUNK)
+            if not chunk:
+                break
+            buf += chunk
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+@dataclass
+class ConnectivityResult:
+    ok: bool
+    stderr: bytes = b""
+
+
+def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False) -> ConnectivityResult:
+    """check_connected(): every new tip's closure is in the repository plus
+    quarantine (git 2.39 walks against --all, hidden refs included)."""
+    if not oids:
+        return ConnectivityResult(True)
+    args = ["rev-list", "--objects", "--stdin", "--not", "--all", "--quiet", "--alternate-refs"]
+    if progress:
+        args.append("--progress=Checking connectivity")
+    res = gitexec.git(args, cwd=gitdir, env=env, input="".join(o + "\n" for o in oids).encode())
+    return ConnectivityResult(res.ok, res.stderr)
+
+
+def object_types(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> dict[str, str]:
+    """Types of the given objects (one cat-file for all); missing ones left out."""
+    uniq = sorted(set(oids))
+    if not uniq:
+        return {}
+    res = gitexec.git(["cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=gitdir, env=env,
+                      input="".join(o + "\n" for o in uniq).encode())
+    types = {}
+    for line in res.stdout.decode("latin-1").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] != "missing":
+            types[parts[0]] = parts[1]
+    return types
+
+
+def is_ancestor(gitdir: str, env: Mapping[str, str], old: str, new: str) -> bool:
+    return gitexec.git(["merge-base", "--is-ancestor", old, new], cwd=gitdir, env=env).returncode == 0
+
+
+def ref_exists(gitdir: str, env: Mapping[str, str], ref: str) -> bool:
+    return gitexec.git(["show-ref", "--verify", "--quiet", ref], cwd=gitdir, env=env).returncode == 0
+

@@ -1,0 +1,189 @@
+"""receive-pack's request and report, as bytes and typed objects: the command
+list (`old new ref`, capabilities after a NUL on the first), push options,
+the pack header, and report-status / report-status-v2 framing. Pure: no
+storage, no processes."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from . import pktline
+from .pktline import FLUSH, ProtocolError, encode
+
+ZERO = "0" * 40
+_HEX = set("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class Command:
+    old: str
+    new: str
+    ref: str   # as the client sent it (outside any namespace)
+
+    @property
+    def is_delete(self) -> bool:
+        return self.new == ZERO
+
+    @property
+    def is_create(self) -> bool:
+        return self.old == ZERO
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    commands: tuple[Command, ...]
+    capabilities: tuple[str, ...] = ()
+    shallow: tuple[str, ...] = ()
+    push_options: tuple[str, ...] = ()
+
+    def has(self, cap: str) -> bool:
+        return cap in self.capabilities
+
+    def value(self, cap: str) -> Optional[str]:
+        for c in self.capabilities:
+            if c.startswith(cap + "="):
+                return c[len(cap) + 1:]
+        return None
+
+    @property
+    def delete_only(self) -> bool:
+        return all(c.is_delete for c in self.commands)
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    """What the server uses of the client's capabilities (read_head_info)."""
+    report_status: bool = False
+    report_status_v2: bool = False
+    sideband: bool = False
+    quiet: bool = False
+    atomic: bool = False
+    push_options: bool = False
+
+
+def negotiate(req: PushRequest, advertise_atomic: bool, advertise_push_options: bool) -> Negotiated:
+    fmt = req.value("object-format") or "sha1"
+    if fmt != "sha1":
+        raise ProtocolError(f"error: unsupported object format '{fmt}'")
+    return Negotiated(
+        report_status=req.has("report-status"),
+        report_status_v2=req.has("report-status-v2"),
+        sideband=req.has("side-band-64k"),
+        quiet=req.has("quiet"),
+        atomic=advertise_atomic and req.has("atomic"),
+        push_options=advertise_push_options and req.has("push-options"),
+    )
+
+
+def _is_oid(s: str) -> bool:
+    return len(s) == 40 and set(s) <= _HEX
+
+
+def parse_command(line: bytes) -> Command:
+    text = line.decode("utf-8", "surrogateescape")
+    old, new, ref = text[:40], text[41:81], text[82:]
+    if not (_is_oid(old) and text[40:41] == " " and _is_oid(new) and text[81:82] == " "):
+        raise ProtocolError(f"protocol error: expected old/new/ref, got '{text}'")
+    return Command(old, new, ref)
+
+
+def read_commands(reader: pktline.Reader) -> PushRequest:
+    """Command lines up to the flush; push certificates are not supported."""
+    commands: list[Command] = []
+    caps: tuple[str, ...] = ()
+    shallow: list[str] = []
+    while True:
+        pkt = reader.read()
+        if pkt is None:   # EOF before the flush, even with no command at all
+            raise ProtocolError("the remote end hung up unexpectedly")
+        if not isinstance(pkt, bytes):
+            break
+        line = pktline.strip_lf(pkt)
+        if line.startswith(b"shallow ") and len(line) > 8:
+            oid = line[8:48].decode("latin-1")
+            if not _is_oid(oid):
+                raise ProtocolError(f"protocol error: expected shallow sha, got '{line[8:].decode('latin-1')}'")
+            shallow.append(oid)
+            continue
+        if b"\0" in line:
+            line, _, feat = line.partition(b"\0")
+            caps = tuple(feat.decode("utf-8", "replace").split())
+        if line == b"push-cert":
+            raise ProtocolError("protocol error: push certificates are not supported")
+        commands.append(parse_command(line))
+    return PushRequest(tuple(commands), caps, tuple(shallow))
+
+
+def read_push_options(reader: pktline.Reader) -> tuple[str, ...]:
+    opts = []
+    while True:
+        pkt = reader.read()
+        if pkt is None:
+            raise ProtocolError("the remote end hung up unexpectedly")
+        if not isinstance(pkt, bytes):
+            return tuple(opts)
+        opts.append(pktline.strip_lf(pkt).decode("utf-8", "surrogateescape"))
+
+
+@dataclass(frozen=True)
+class PackHeader:
+    version: int
+    entries: int
+
+
+def parse_pack_header(head: bytes) -> PackHeader | str:
+    """parse_pack_header(): a PackHeader, or stock's error string."""
+    if len(head) < 12:
+        return "eof before pack header was fully read"
+    if head[:4] != b"PACK":
+        return "protocol error (pack signature mismatch detected)"
+    version, entries = struct.unpack(">II", head[4:12])
+    if version not in (2, 3):
+        return "protocol error (pack version unsupported)"
+    return PackHeader(version, entries)
+
+
+@dataclass(frozen=True)
+class RefResult:
+    ref: str
+    error: Optional[str] = None   # None: ok
+
+
+def report(unpack_error: Optional[str], results: Iterable[RefResult]) -> bytes:
+    """report() / report_v2() without proc-receive: the same lines."""
+    out = [encode(f"unpack {unpack_error or 'ok'}\n".encode("utf-8", "surrogateescape"))]
+    for r in results:
+        line = f"ok {r.ref}\n" if r.error is None else f"ng {r.ref} {r.error}\n"
+        out.append(encode(line.encode("utf-8", "surrogateescape")))
+    out.append(FLUSH)
+    return b"".join(out)
+
+
+SIDEBAND_MAX = pktline.MAX_PKT - 5   # send_sideband(): payload per packet after length and band
+
+
+def band(n: int, data: bytes) -> bytes:
+    return b"".join(pktline.sideband(n, data, SIDEBAND_MAX)) if data else b""
+
+
+@dataclass
+class Messages:
+    """Where rp_error/rp_warning and child stderr go: band 2, or the server log."""
+    sideband: bool
+    log: list = field(default_factory=list)
+
+    def frame(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        if self.sideband:
+            return band(2, data)
+        self.log.append(data.decode("utf-8", "replace"))
+        return b""
+
+    def error(self, msg: str) -> bytes:
+        return self.frame(f"error: {msg}\n".encode("utf-8", "surrogateescape"))
+
+    def warning(self, msg: str) -> bytes:
+        return self.frame(f"warning: {msg}\n".encode("utf-8", "surrogateescape"))

@@ -1,0 +1,341 @@
+"""One push, in stock receive-pack's order: read commands and push options,
+take the pack into a quarantine, check connectivity and hidden refs, run
+pre-receive, migrate, check and update each ref (update hook, CAS through
+update-ref), report, then post-receive, post-update, gc --auto and
+update-server-info. Output is produced as a stream of response chunks."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass, replace
+from typing import Generator, Iterator, Optional
+
+from . import deploy, gitexec, intake
+from . import pushpolicy as pol
+from .hooks import Hooks
+from .protocol import pktline, push
+from .protocol.push import ZERO, Command, RefResult
+from .refname import check_refname_format
+from .refs import HiddenRefs, namespace_prefix
+from .refwrite import RefUpdate, transaction
+
+
+KEEPALIVE = b"0005\x01"   # an empty band-1 packet: "still working"
+
+
+@dataclass
+class CommandState:
+    cmd: Command
+    error: Optional[str] = None
+    did_not_exist: bool = False
+
+
+def _read_exact(body, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = body.read(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+class Push:
+    def __init__(self, ctx, body):
+        self.ctx = ctx
+        self.body = body
+        self.gitdir = ctx.gitdir
+        self.policy = pol.PushPolicy.from_config(ctx.config)
+        self.hooks = Hooks(ctx.gitdir, ctx.config, ctx.log)
+        self.prefix = namespace_prefix(ctx.namespace)
+        self.quarantine: Optional[intake.Quarantine] = None
+        self.msgs = push.Messages(False, ctx.log)
+        self.keep_file: Optional[str] = None
+
+    # -- the response stream -------------------------------------------------
+
+    def run(self) -> Iterator[bytes]:
+        started = False
+        try:
+            for chunk in self._run():
+                if chunk:
+                    started = True
+                    yield chunk
+        except GeneratorExit:
+            raise
+        except Exception:
+            if not started:
+                raise
+            self.ctx.log.append("aspen: receive-pack failed after the response began\n" + traceback.format_exc())
+            if self.msgs.sideband:
+                yield push.band(3, b"fatal: internal error in receive-pack\n")
+        finally:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Drop an unmigrated quarantine and the .keep that guarded a migrated pack."""
+        if self.quarantine is not None:
+            self.quarantine.remove()
+            self.quarantine = None
+        if self.keep_file:
+            try:
+                os.unlink(self.keep_file)
+            except OSError:
+                pass
+            self.keep_file = None
+
+    def _relay(self, gen):
+        """Relay a child's output (band 2 or the log), with a keepalive for
+        each idle interval when side-band is on; return the child's result."""
+        while True:
+            try:
+                chunk = next(gen)
+            except StopIteration as stop:
+                return stop.value
+            if chunk is None:
+                if self.msgs.sideband:
+                    yield KEEPALIVE
+                continue
+            out = self.msgs.frame(chunk)
+            if out:
+                yield out
+
+    @property
+    def idle(self) -> float:
+        return float(self.policy.keepalive) if self.policy.keepalive > 0 else 0
+
+    def _run(self) -> Iterator[bytes]:
+        reader = pktline.Reader(self.body)
+        req = push.read_commands(reader)
+        if not req.commands:
+            return
+        neg = push.negotiate(req, self.policy.advertise_atomic, self.policy.advertise_push_options)
+        if neg.push_options:
+            req = replace(req, push_options=push.read_push_options(reader))
+        self.neg = neg
+        self.msgs.sideband = neg.sideband
+        self.ctx.trace["commands"] = len(req.commands)
+
+        unpack_error = None
+        if not req.delete_only:
+            unpack_error = yield from self._unpack()
+        states = [CommandState(c) for c in req.commands]
+        yield from self._execute(states, unpack_error, req.push_options)
+        self._cleanup()
+
+        results = [RefResult(s.cmd.ref, s.error) for s in states]
+        ng = sum(1 for r in results if r.error is not None)
+        self.ctx.trace["push"] = f"ok={len(results) - ng},ng={ng}"
+        if neg.report_status or neg.report_status_v2:
+            rep = push.report(unpack_error, results)
+            yield push.band(1, rep) if neg.sideband else rep
+        ok = [s for s in states if s.error is None and not s.did_not_exist]
+        if ok:
+            env = self._hook_env(req.push_options, quarantine=False)
+            yield from self._relay(self.hooks.run("post-receive", [], env, self._hook_input(ok), self.idle))
+            yield from self._relay(self.hooks.run("post-update", [s.cmd.ref for s in ok], self.ctx.env, idle=self.idle))
+        if self.policy.auto_gc:
+            res = gitexec.git(["gc", "--auto", "--quiet"], cwd=self.gitdir, env=self.ctx.env)
+            yield self.msgs.frame(res.stdout + res.stderr)
+        if self.policy.update_server_info:
+            gitexec.git(["update-server-info"], cwd=self.gitdir, env=self.ctx.env)
+        if neg.sideband:
+            yield pktline.FLUSH
+
+    # -- pack intake ------------------------------------------------------------
+
+    def _unpack(self) -> Generator[bytes, None, Optional[str]]:
+        header = push.parse_pack_header(_read_exact(self.body, 12))
+        if isinstance(header, str):
+            return header
+        try:
+            self.quarantine = intake.Quarantine(self.gitdir)
+        except OSError:
+            return "unable to create temporary object directory"
+        p = self.policy
+        opts = intake.IntakeOptions(fsck=p.fsck, fsck_msg_types=p.fsck_msg_types, max_input_size=p.max_input_size,
+                                    unpack_limit=p.unpack_limit, progress=self.neg.sideband and not self.neg.quiet,
+                                    quiet=self.neg.quiet)
+        self.ctx.trace["objects"] = header.entries
+        res = yield from self._relay(intake.unpack(self.quarantine, self.gitdir, self.ctx.env, header,
+                                                   self.body.read, opts, self.idle))
+        if res.error:
+            self.quarantine.remove()
+            self.quarantine = None
+        self.keep_file = res.keep
+        return res.error
+
+    def _qenv(self) -> dict:
+        return self.quarantine.env(self.ctx.env) if self.quarantine else dict(self.ctx.env)
+
+    # -- execute_commands() ---------------------------------------------------------
+
+    def _execute(self, states: list[CommandState], unpack_error: Optional[str],
+                 push_options: tuple[str, ...]) -> Iterator[bytes]:
+        if unpack_error:
+            for s in states:
+                s.error = "unpacker error"
+            return
+        yield from self._connectivity(states)
+        self._reject_hidden(states)
+        env = self._hook_env(push_options, quarantine=True)
+        rc = yield from self._relay(self.hooks.run("pre-receive", [], env, self._hook_input(states), self.idle))
+        if rc != 0:
+            for s in states:
+                if s.error is None:
+                    s.error = "pre-receive hook declined"
+            return
+        if all(s.error is not None for s in states):
+            return
+        if self.quarantine is not None:
+            if not self.quarantine.migrate():
+                for s in states:
+                    if s.error is None:
+                        s.error = "unable to migrate objects to permanent storage"
+                return
+            self.quarantine = None
+        oids = [s.cmd.new for s in states] + [s.cmd.old for s in states]
+        self.types = intake.object_types(self.gitdir, self.ctx.env, [o for o in oids if o != ZERO])
+        self.worktrees = pol.checked_out(self.gitdir, self.ctx.repo.bare, self.ctx.config)
+        self.head_name = pol.head_name(self.gitdir)
+        if self.neg.atomic:
+            yield from self._atomic(states)
+        else:
+            yield from self._non_atomic(states)
+
+    def _connectivity(self, states: list[CommandState]) -> Iterator[bytes]:
+        tips = [s.cmd.new for s in states if not s.cmd.is_delete]
+        env = self._qenv()
+        res = intake.connected(self.gitdir, env, tips, progress=self.msgs.sideband and not self.neg.quiet)
+        yield self.msgs.frame(res.stderr)
+        if res.ok:
+            return
+        for s in states:
+            if s.cmd.is_delete:
+                continue
+            single = intake.connected(self.gitdir, env, [s.cmd.new])
+            if not single.ok:
+                self.ctx.log.append(single.stderr.decode("utf-8", "replace"))
+                s.error = "missing necessary objects"
+
+    def _reject_hidden(self, states: list[CommandState]) -> None:
+        hidden = HiddenRefs.from_config(self.ctx.config, "receive")
+        if not hidden:
+            return
+        for s in states:
+            if s.error is None and hidden.hidden(s.cmd.ref, self.prefix + s.cmd.ref):
+                s.error = "deny deleting a hidden ref" if s.cmd.is_delete else "deny updating a hidden ref"
+
+    def _hook_input(self, states: list[CommandState]) -> bytes:
+        return "".join(f"{s.cmd.old} {s.cmd.new} {s.cmd.ref}\n" for s in states).encode("utf-8", "surrogateescape")
+
+    def _hook_env(self, push_options: tuple[str, ...], quarantine: bool) -> dict:
+        env = self._qenv() if quarantine else dict(self.ctx.env)
+        for i, opt in enumerate(push_options):
+            env[f"GIT_PUSH_OPTION_{i}"] = opt
+        env["GIT_PUSH_OPTION_COUNT"] = str(len(push_options))
+        return env
+
+    # -- per-ref updates ----------------------------------------------------------
+
+    def _non_atomic(self, states: list[CommandState]) -> Iterator[bytes]:
+        for s in states:
+            if s.error is not None:
+                continue
+            upd: list[RefUpdate] = []
+            s.error = yield from self._update(s, upd)
+            if s.error is None:
+                err = transaction(self.gitdir, self.ctx.env, upd)
+                if err:
+                    yield self.msgs.error(err)
+                    s.error = "failed to update ref"
+
+    def _atomic(self, states: list[CommandState]) -> Iterator[bytes]:
+        reported = "atomic push failure"
+        upd: list[RefUpdate] = []
+        failed = False
+        for s in states:
+            if s.error is not None:
+                continue
+            s.error = yield from self._update(s, upd)
+            if s.error is not None:
+                failed = True
+                break
+        if not failed:
+            err = transaction(self.gitdir, self.ctx.env, upd)
+            if err:
+                yield self.msgs.error(err)
+                reported, failed = "atomic transaction failed", True
+        if failed:
+            for s in states:
+                if s.error is None:
+                    s.error = reported
+
+    def _update(self, s: CommandState, upd: list[RefUpdate]) -> Generator[bytes, None, Optional[str]]:
+        """update(): the checks of one command, its update hook, and its queued ref change."""
+        m = self.msgs
+        c = s.cmd
+        name = c.ref
+        if not name.startswith("refs/") or not check_refname_format(name[5:]):
+            yield m.error(f"refusing to create funny ref '{name}' remotely")
+            return "funny refname"
+        full = self.prefix + name
+        worktree = self.worktrees.get(name)
+        update_worktree = False
+        if worktree is not None:
+            deny = self.policy.deny_current_branch
+            if deny == pol.WARN:
+                yield m.warning("updating the current branch")
+            elif deny in (pol.REFUSE, pol.UNCONFIGURED):
+                yield m.error(f"refusing to update checked out branch: {name}")
+                if deny == pol.UNCONFIGURED:
+                    yield m.error(pol.REFUSE_CURRENT_MSG)
+                return "branch is currently checked out"
+            elif deny == pol.UPDATE_INSTEAD:
+                update_worktree = True
+        if not c.is_delete and c.new not in self.types:
+            self.ctx.log.append(f"error: unpack should have generated {c.new}, but I can't find it!\n")
+            return "bad pack"
+        if c.old != ZERO and c.is_delete:
+            if self.policy.deny_deletes and name.startswith("refs/heads/"):
+                yield m.error(f"denying ref deletion for {name}")
+                return "deletion prohibited"
+            if worktree is not None or (self.head_name is not None and full == self.head_name):
+                deny = self.policy.deny_delete_current
+                if deny == pol.WARN:
+                    yield m.warning("deleting the current branch")
+                elif deny != pol.IGNORE:
+                    if deny == pol.UNCONFIGURED:
+                        yield m.error(pol.REFUSE_DELETE_CURRENT_MSG)
+                    yield m.error(f"refusing to delete the current branch: {name}")
+                    return "deletion of the current branch prohibited"
+        if (self.policy.deny_non_fast_forwards and not c.is_delete and not c.is_create
+                and name.startswith("refs/heads/")):
+            if self.types.get(c.old) != "commit" or self.types.get(c.new) != "commit":
+                self.ctx.log.append(f"error: bad sha1 objects for {name}\n")
+                return "bad ref"
+            if not intake.is_ancestor(self.gitdir, self.ctx.env, c.old, c.new):
+                yield m.error(f"denying non-fast-forward {name} (you should pull first)")
+                return "non-fast-forward"
+        rc = yield from self._relay(self.hooks.run("update", [name, c.old, c.new], self.ctx.env, idle=self.idle))
+        if rc != 0:
+            yield m.error(f"hook declined to update {name}")
+            return "hook declined"
+        if update_worktree:
+            err = deploy.update_worktree(self.hooks, self.ctx.env, c.new, worktree, self.ctx.log)
+            if err:
+                return err
+        if c.is_delete:
+            old: Optional[str] = c.old
+            if c.old not in self.types:
+                old = None
+                if intake.ref_exists(self.gitdir, self.ctx.env, full):
+                    yield m.warning("allowing deletion of corrupt ref")
+                else:
+                    yield m.warning("deleting a non-existent ref")
+                    s.did_not_exist = True
+            upd.append(RefUpdate(full, ZERO, old))
+        else:
+            upd.append(RefUpdate(full, c.new, c.old))
+        return None

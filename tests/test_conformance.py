@@ -1,0 +1,175 @@
+"""The differential conformance suite's index: every line of the contract's
+section 9 checklist (reference/http-backend-contract.md) mapped to the tests
+that cover it. The tests themselves live in tests/test_conformance_*.py:
+
+  request   method, paths, alias check, routing, repository discovery, export, getanyfile
+  dumb      HEAD, text info/refs, objects/info/*, loose/pack/idx, exact header blocks, dates
+  smart     advertisements, services, query strings, POST checks, bodies, gzip, buffer limits, deviations
+  protocol  negotiation, shallow/filter, v2 commands, GIT_PROTOCOL, namespaces, config, child failures
+  receive   committer identity, hook environment and output, receive.* config, non-bare repositories
+  clients   real git clients against stock (CGI), aspen-cgi (CGI) and aspen (gunicorn/WSGI)
+
+The check below fails when a checklist line has no test, or names a test that does not exist."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+CONTRACT = Path("/work/shared/reference/http-backend-contract.md")
+
+COVERAGE: dict[str, list[str]] = {
+    "Missing `REQUEST_METHOD`": ["request:test_missing_request_method_is_500_with_nocache"],
+    "`HEAD` treated as `GET`": ["request:test_head_method_is_treated_as_get_and_still_has_a_body",
+                                "request:test_head_method_on_post_route_is_405_allow_post",
+                                "request:test_method_comparison_is_case_sensitive"],
+    "`GIT_PROJECT_ROOT` set + empty/unset `PATH_INFO`": ["request:test_project_root_with_empty_or_unset_path_info_is_500"],
+    "`GIT_PROJECT_ROOT` mode rejects": ["request:test_project_root_mode_rejects_aliased_paths_with_500",
+                                        "request:test_tilde_path_is_not_aliased"],
+    "`...` segments allowed": ["request:test_three_dot_segments_allowed_and_path_translated_not_alias_checked"],
+    "Neither root nor `PATH_TRANSLATED`": ["request:test_neither_project_root_nor_path_translated_is_500",
+                                           "request:test_empty_project_root_falls_back_to_path_translated"],
+    "Root without a trailing slash": ["request:test_root_without_trailing_slash_is_joined_with_one_slash"],
+    "Route regexes match the full path": [
+        "request:test_route_regexes_match_full_path_anchored_at_end_first_match_case_sensitive",
+        "request:test_route_matching_newline_in_path_is_not_end"],
+    "Both 40-hex and 64-hex": ["request:test_pack_names_40_and_64_hex_and_loose_objects_2_38_and_2_62_are_routed"],
+    "Unknown path → 404": ["request:test_unknown_path_is_404_nocache_empty_body_with_request_not_supported"],
+    "Wrong method on a known route": ["request:test_wrong_method_is_405_with_allow_on_http11_else_400",
+                                      "request:test_wrong_method_without_server_protocol_is_400"],
+    "Method check happens before": ["request:test_method_check_happens_before_repository_export_and_service_checks"],
+    "Not a repository → 404": ["request:test_not_a_repository_is_404_with_message",
+                               "request:test_plain_directory_is_not_a_repository"],
+    "DWIM suffixes": ["request:test_dwim_suffixes_tried_in_order_and_trailing_slashes_stripped"],
+    "gitfile (`.git` file) followed": ["request:test_gitfile_is_followed"],
+    "Repository with dubious ownership": ["request:test_repository_with_dubious_ownership_is_500_unless_safe_directory"],
+    "No `git-daemon-export-ok`": ["request:test_not_exported_is_404_unless_export_ok_or_export_all_even_empty",
+                                  "request:test_not_exported_message_names_the_requested_path_not_the_dwim_one"],
+    "`http.getanyfile=false` → 403": ["request:test_getanyfile_false_is_403_on_dumb_routes_and_smart_unaffected"],
+    "GET `HEAD` → `text/plain`": ["dumb:test_get_head_is_text_plain_with_length_no_cache_headers_symref_hex_or_empty",
+                                  "dumb:test_get_head_symref_to_tag_and_nested_symref"],
+    "Dumb `info/refs` → `text/plain`": ["dumb:test_dumb_info_refs_is_text_plain_nocache_length_with_peeled_tags_no_head",
+                                        "dumb:test_dumb_info_refs_of_empty_repository_is_empty"],
+    "Dumb `info/refs` honours namespaces": [
+        "dumb:test_dumb_info_refs_honours_namespaces_ignores_hiderefs_skips_missing_objects"],
+    "`objects/info/packs` generated": ["dumb:test_objects_info_packs_generated_from_local_packs_with_final_newline",
+                                       "dumb:test_objects_info_packs_order_with_equal_mtimes_matches_stock",
+                                       "dumb:test_objects_info_packs_without_packs_is_single_newline"],
+    "`objects/info/(http-)alternates`": ["dumb:test_objects_info_alternates_text_plain_nocache_length_last_modified"],
+    "Missing alternates → 404": ["dumb:test_missing_alternates_is_404_with_duplicated_nocache_block"],
+    "Loose, pack and idx → correct": ["dumb:test_loose_pack_and_idx_have_types_cache_forever_length_last_modified",
+                                      "dumb:test_unreadable_object_file_never_gets_a_second_header_block"],
+    "Missing loose, pack or idx": ["dumb:test_missing_loose_pack_or_idx_is_404_preceded_by_cache_forever_headers"],
+    "Exact no-cache header values": ["dumb:test_exact_nocache_header_values_and_order"],
+    "Exact cache-forever values": ["dumb:test_exact_cache_forever_values_expires_is_date_plus_one_year"],
+    "Dates in `Day, D Mon YYYY": ["dumb:test_dates_are_rfc2822_numeric_zone_day_not_zero_padded"],
+    "CRLF line endings": ["dumb:test_crlf_line_endings_status_omitted_on_200_content_type_last_for_smart"],
+    "`info/refs?service=git-upload-pack` → 200": [
+        "smart:test_info_refs_upload_pack_is_200_advertisement_nocache_no_content_length_streamed"],
+    "v0/v1 advertisement starts with": ["smart:test_v0_advertisement_starts_with_service_line_and_flush",
+                                        "smart:test_v0_advertisement_of_empty_repository"],
+    "v1 adds `version 1`": ["smart:test_v1_adds_version_1_after_the_flush"],
+    "v2 (`GIT_PROTOCOL` contains": ["smart:test_v2_omits_service_prefix_and_returns_version_2_capabilities",
+                                    "smart:test_unknown_protocol_versions_fall_back_to_v0"],
+    "receive-pack with version=2": ["smart:test_receive_pack_with_version_2_is_v0_advertisement_without_service_prefix"],
+    "`service` value not starting with `git-`": [
+        "smart:test_service_not_starting_with_git_or_unknown_is_403_unsupported_service"],
+    "Disabled service → 403": ["smart:test_disabled_service_is_403_service_not_enabled"],
+    "403 on info/refs carries": ["smart:test_403_on_info_refs_carries_the_nocache_block_twice"],
+    "`QUERY_STRING` parsing": ["smart:test_query_string_parsing_matches_stock"],
+    "receive-pack enabled iff": ["smart:test_receive_pack_enabled_iff_config_true_or_unset_with_remote_user"],
+    "upload-pack enabled unless": ["smart:test_upload_pack_enabled_unless_config_false"],
+    "(2.47) upload-archive": ["smart:test_upload_archive_route_absent_in_2_39_reference"],
+    "POST: service check (403) before": ["smart:test_post_service_check_403_comes_before_content_type_check_415"],
+    "415 has no Content-Type": ["smart:test_415_has_no_content_type_and_expected_body"],
+    "Content-Type compared exactly": ["smart:test_content_type_compared_exactly_and_unset_is_empty"],
+    "POST response: `application/x-git-<svc>-result`": [
+        "smart:test_post_response_is_result_type_nocache_streamed_no_content_length"],
+    "POST body `0000`": ["smart:test_post_flush_only_body_gives_200_with_zero_byte_body"],
+    "403 and 404 bodies are 0 bytes": ["smart:test_403_and_404_bodies_are_zero_bytes",
+                                       "clients:test_passes_t5560_t5561_access_matrix_partial"],
+    "`CONTENT_LENGTH` honoured": ["smart:test_content_length_honoured_reads_exactly_n_bytes_and_never_waits_for_eof",
+                                  "smart:test_content_length_is_parsed_like_git_parse_ssize_t"],
+    "Unset or empty `CONTENT_LENGTH`": ["smart:test_unset_or_empty_content_length_reads_body_to_eof"],
+    "Unparsable or overflowing `CONTENT_LENGTH`": [
+        "smart:test_unparsable_or_overflowing_content_length_is_400_with_fatal_message"],
+    "`HTTP_CONTENT_ENCODING` `gzip`/`x-gzip`": ["smart:test_gzip_and_x_gzip_request_bodies_are_inflated",
+                                                "smart:test_gzip_receive_pack_flush_is_inflated"],
+    "Truncated gzip → failure": ["smart:test_truncated_gzip_upload_pack_request_fails",
+                                 "smart:test_truncated_gzip_receive_pack_request_fails_with_fatal_and_no_traceback"],
+    "Other encodings passed through raw": ["smart:test_other_content_encodings_are_passed_through_raw"],
+    "Truncated or empty plain bodies": ["smart:test_truncated_or_empty_plain_upload_pack_bodies_fail_with_fatal",
+                                        "smart:test_truncated_or_empty_plain_receive_pack_bodies_fail_with_fatal"],
+    "upload-pack request buffered in full": ["smart:test_upload_pack_request_over_buffer_limit_is_413",
+                                             "smart:test_default_request_buffer_is_10_mib",
+                                             "smart:test_bad_max_request_buffer_dies_500_before_headers"],
+    "receive-pack body streamed with no size limit": ["smart:test_receive_pack_body_is_streamed_with_no_size_limit"],
+    "Short body with `CONTENT_LENGTH` set": ["smart:test_short_body_with_content_length_set_does_not_hang"],
+    "Child is `git <svc> --stateless-rpc .`": [
+        "receive:test_full_cgi_environment_passed_to_children_and_hooks_run_in_git_dir",
+        "smart:test_v0_advertisement_starts_with_service_line_and_flush"],
+    "Child stderr forwarded": ["protocol:test_child_stderr_forwarded_to_server_log",
+                               "protocol:test_child_killed_if_the_backend_goes_away"],
+    "`GIT_COMMITTER_NAME`/`EMAIL` default": [
+        "receive:test_committer_identity_defaults_to_remote_user_or_anonymous_and_preset_values_win"],
+    "`HTTP_GIT_PROTOCOL` copied to `GIT_PROTOCOL`": [
+        "protocol:test_http_git_protocol_copied_to_git_protocol_only_if_absent"],
+    "`GIT_NAMESPACE` honoured": ["protocol:test_git_namespace_honoured_smart_and_dumb"],
+    "Full CGI environment passed": ["receive:test_full_cgi_environment_passed_to_children_and_hooks_run_in_git_dir"],
+    "Hook output reaches the client": [
+        "receive:test_hook_output_reaches_client_as_sideband_2_remote_lines",
+        "receive:test_rejecting_pre_receive_hook_reports_ng_and_keeps_refs",
+        "clients:test_push_hook_output_as_remote_lines_and_reflog_identity_real_client"],
+    "Repo config of upload-pack and receive-pack": [
+        "receive:test_receive_pack_repo_config_takes_effect_deny_and_fsck",
+        "receive:test_receive_pack_advertisement_config_hiderefs_push_options_atomic",
+        "protocol:test_upload_pack_repo_config_hiderefs_allow_sha1_in_want_filter_advertise",
+        "protocol:test_filter_without_allow_filter_is_refused_like_stock"],
+    "Stateless negotiation works": [
+        "protocol:test_stateless_negotiation_across_posts_multi_ack_detailed_no_done_ack_ready_with_pack",
+        "protocol:test_stateless_negotiation_ack_ready_and_pack_in_one_response_with_no_done",
+        "protocol:test_wants_reachable_but_not_advertised_are_allowed_over_http",
+        "clients:test_incremental_fetch_negotiates_over_several_posts"],
+    "Shallow, deepen-since, deepen-not and filter": [
+        "protocol:test_shallow_deepen_since_deepen_not_and_filter_fetches",
+        "clients:test_shallow_deepen_and_filter_clones_over_http"],
+    "v2 ls-refs, fetch": ["protocol:test_v2_ls_refs_variants",
+                          "protocol:test_v2_fetch_including_wait_for_done_and_packfile_uris",
+                          "protocol:test_v2_object_info_and_empty_request_one_command_per_post",
+                          "protocol:test_v2_unknown_command_and_bad_args"],
+    "Large chunked upload-pack and receive-pack": [
+        "clients:test_large_chunked_upload_pack_request_with_probe_post",
+        "clients:test_gzip_encoded_upload_pack_requests_from_a_real_client",
+        "clients:test_large_chunked_receive_pack_request_with_probe_post"],
+    "Non-bare repositories are served": ["receive:test_non_bare_repository_served_and_deny_current_branch_applied",
+                                         "request:test_dwim_suffixes_tried_in_order_and_trailing_slashes_stripped"],
+    "Errors after headers": ["protocol:test_errors_after_headers_leave_200_truncated_body_never_second_status"],
+    "Any `die` before headers": ["smart:test_die_before_headers_is_500_nocache_empty_body_with_fatal",
+                                 "smart:test_internal_error_is_500_with_empty_body_and_traceback_only_in_the_log"],
+    "Passes t5560, t5561": ["clients:test_passes_t5560_t5561_access_matrix_partial",
+                            "clients:test_dumb_http_clone_works_against_both"],
+}
+
+
+def _checklist() -> list[str]:
+    text = CONTRACT.read_text()
+    section = text.split("## 9.", 1)[1]
+    return [m.group(1) for m in re.finditer(r"^- \[ \] (.*)$", section, re.M)]
+
+
+def test_every_section_9_checklist_line_is_covered_by_existing_tests():
+    lines = _checklist()
+    assert len(lines) >= 70
+    unmapped = [line for line in lines if not any(line.startswith(key) for key in COVERAGE)]
+    assert not unmapped, f"checklist lines without a test: {unmapped}"
+    unused = [key for key in COVERAGE if not any(line.startswith(key) for line in lines)]
+    assert not unused, f"coverage keys that match no checklist line: {unused}"
+    missing = []
+    for names in COVERAGE.values():
+        for ref in names:
+            module, name = ref.split(":")
+            mod = importlib.import_module(f"tests.test_conformance_{module}")
+            if not callable(getattr(mod, name, None)):
+                missing.append(ref)
+    assert not missing, f"tests named in the coverage map that do not exist: {missing}"
