@@ -4,7 +4,6 @@ compact, verify and stats arrive with the ref store)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from . import __version__

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import tempfile
 
 from . import gitexec

@@ -9,7 +9,7 @@ from typing import Iterable, Iterator
 
 from . import AGENT
 from .protocol import advertise as adv
-from .refs import HiddenRefs, read_refs
+from .refs import HiddenRefs, read_refs, shallow_roots
 
 
 def _caps(ctx) -> adv.ReceiveCaps:
@@ -69,15 +69,7 @@ def advertise_lines(ctx) -> list[tuple[str, str]]:
 
 def advertise(ctx) -> Iterator[bytes]:
     version = ctx.protocol_version if ctx.protocol_version == 1 else 0
-    return adv.receive_v0(advertise_lines(ctx), _caps(ctx), _shallow(ctx.gitdir), version)
-
-
-def _shallow(gitdir: str) -> list[str]:
-    try:
-        with open(os.path.join(gitdir, "shallow")) as f:
-            return [line.strip() for line in f if line.strip()]
-    except OSError:
-        return []
+    return adv.receive_v0(advertise_lines(ctx), _caps(ctx), shallow_roots(ctx.gitdir), version)
 
 
 def serve(ctx, body) -> Iterable[bytes]:

@@ -164,3 +164,12 @@ class HiddenRefs:
 
     def __bool__(self) -> bool:
         return bool(self.patterns)
+
+
+def shallow_roots(gitdir: str) -> list[str]:
+    """The commits listed in a shallow repository's `shallow` file."""
+    try:
+        with open(os.path.join(gitdir, "shallow")) as f:
+            return [line.strip() for line in f if line.strip()]
+    except OSError:
+        return []

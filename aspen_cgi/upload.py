@@ -6,13 +6,12 @@ semantics); the planner plugs in at `respond()`."""
 from __future__ import annotations
 
 import os
-import uuid
 from typing import Iterable, Iterator
 
 from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
 from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
-from .refs import HiddenRefs, RefSnapshot, read_refs
+from .refs import HiddenRefs, RefSnapshot, read_refs, shallow_roots
 from .repoconfig import ConfigError, parse_bool
 
 
@@ -49,18 +48,15 @@ def _caps(ctx) -> adv.UploadCaps:
         allow_ref_in_want=c.bool("uploadpack.allowrefinwant", False),
         allow_sideband_all=c.bool("uploadpack.allowsidebandall", False) or os.environ.get("GIT_TEST_SIDEBAND_ALL") == "1",
         packfile_uris=c.get("uploadpack.blobpackfileuri") is not None,
-        session_id=f"aspen-{uuid.uuid4().hex}" if c.bool("transfer.advertisesid", False) else None,
+        session_id=_session_id() if c.bool("transfer.advertisesid", False) else None,
         unborn=unborn if unborn in ("advertise", "allow", "ignore") else "advertise",
         agent=AGENT,
     )
 
 
-def _shallow(gitdir: str) -> list[str]:
-    try:
-        with open(os.path.join(gitdir, "shallow")) as f:
-            return [line.strip() for line in f if line.strip()]
-    except OSError:
-        return []
+def _session_id() -> str:
+    import uuid  # imported only when asked: uuid costs a CGI start-up milliseconds
+    return f"aspen-{uuid.uuid4().hex}"
 
 
 def _hidden(ctx):
@@ -75,7 +71,7 @@ def advertise(ctx) -> Iterator[bytes]:
     caps = _caps(ctx)
     if ctx.protocol_version == 2:
         return adv.v2_capabilities(caps)
-    return adv.upload_v0(_snapshot(ctx), caps, _hidden(ctx), _shallow(ctx.gitdir), ctx.protocol_version)
+    return adv.upload_v0(_snapshot(ctx), caps, _hidden(ctx), shallow_roots(ctx.gitdir), ctx.protocol_version)
 
 
 def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:

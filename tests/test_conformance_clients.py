@@ -15,7 +15,7 @@ import pytest
 
 from . import differential as d
 from . import harness as h
-from .cgiserver import cgi_server_factory  # noqa: F401  (fixture)
+
 
 
 def _three(root: Path, cgi_server_factory, server_factory, **env):

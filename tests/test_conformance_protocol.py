@@ -113,7 +113,6 @@ def test_shallow_deepen_since_deepen_not_and_filter_fetches(root, extra):
 
 
 def test_filter_without_allow_filter_is_refused_like_stock(root):
-    repo = str(root / "repo.git")
     body = v0_request([_rev(root, "main")], caps=CAPS + " filter", extra=["filter blob:none"])
     t = compare(_upload(root, body), body, mode="none")
     assert t.cgi.status == t.stock.status

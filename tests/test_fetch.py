@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import pytest
 
 from . import harness as h
-from .cgiserver import CgiServer, cgi_server_factory  # noqa: F401  (fixture)
+from .cgiserver import CgiServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -336,7 +336,7 @@ def test_partial_clone_then_lazy_checkout(servers, tmp_path, protocol, fsck, spe
     def note(c: Client):
         before[c.base] = (count_type(git_dir(c.dest), "blob"), count_type(git_dir(c.dest), "tree"))
 
-    st = run_differential(servers, tmp_path, protocol, fsck, [
+    run_differential(servers, tmp_path, protocol, fsck, [
         lambda c: c.clone("--filter", spec, "--no-checkout", repo="filter.git" if protocol == "2" else "filterany.git"),
         note,
         lambda c: c.git("checkout", "-q", "main"),
@@ -355,7 +355,7 @@ def test_partial_clone_then_lazy_checkout(servers, tmp_path, protocol, fsck, spe
 @FSCK
 def test_filter_refused_without_allow_filter(servers, tmp_path, protocol, fsck):
     """The server does not allow filters: the client warns and gets a full clone."""
-    st = run_differential(servers, tmp_path, protocol, fsck, [lambda c: c.clone("--filter", "blob:none")])
+    run_differential(servers, tmp_path, protocol, fsck, [lambda c: c.clone("--filter", "blob:none")])
     assert count_type(tmp_path / "aspen" / "client" / ".git", "blob") == \
         count_type(tmp_path / "stock" / "client" / ".git", "blob") > 0
 

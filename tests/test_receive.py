@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from . import harness as h
 from . import pushkit as pk
-from .cgiserver import cgi_server_factory  # noqa: F401
+
 from .pushkit import ZERO
 
 pytestmark = pytest.mark.timeout(120)

@@ -94,14 +94,15 @@ def _exec_path() -> str:
     return _EXEC_PATH
 
 
-def child_env(env: Mapping[str, str], gitdir: str) -> dict[str, str]:
+def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) -> dict[str, str]:
     """run_service()'s environment: everything we were given, plus the
     committer identity and the protocol version stock derives."""
     out = dict(env)
     out["GIT_DIR"] = gitdir
     # stock's setup_path() exports the exec path and puts it first on PATH, so
-    # children and hooks see GIT_EXEC_PATH and can run dashed helpers (git-sh-setup)
-    exec_path = out.get("GIT_EXEC_PATH") or _exec_path()
+    # children and hooks see GIT_EXEC_PATH and can run dashed helpers
+    # (git-sh-setup). Only POSTs run hooks; GETs skip the extra `git --exec-path`.
+    exec_path = out.get("GIT_EXEC_PATH") or (_exec_path() if with_exec_path else "")
     if exec_path:
         out["GIT_EXEC_PATH"] = exec_path
         old = out.get("PATH", "")
@@ -158,7 +159,7 @@ def _handle(req: Request) -> Response:
     paths.check_ownership(repo, env)
     if "GIT_HTTP_EXPORT_ALL" not in env and not os.access(os.path.join(repo.gitdir, "git-daemon-export-ok"), os.F_OK):
         raise HttpError(404, "Not Found", f"Repository not exported: '{m.repo_dir}'")
-    cenv = child_env(env, repo.gitdir)
+    cenv = child_env(env, repo.gitdir, with_exec_path=method == "POST")
     config = RepoConfig.load(repo.gitdir, cenv)
     max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
     namespace = env.get("GIT_NAMESPACE") or None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
-from ..refs import ZERO_OID, Ref, RefSnapshot
+from ..refs import ZERO_OID, RefSnapshot
 from .pktline import FLUSH, encode
 
 UPLOAD_CAPS = ("multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since "
