@@ -1,0 +1,290 @@
+"""`aspen-bench` (also `python -m bench`): run workloads against targets and
+write a results folder; generate repositories; regenerate reports; list workloads."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from . import machine as machine_mod
+from . import results
+from .progress import Progress, say
+
+DEFAULT_TARGETS = "aspen,stock"
+REPO_NAME = "bench.git"
+
+
+def _workloads() -> dict:
+    from .workloads import WORKLOADS
+    return WORKLOADS
+
+
+def _describe(fn) -> str:
+    doc = (getattr(fn, "__doc__", None) or "").strip()
+    if not doc:
+        mod = sys.modules.get(getattr(fn, "__module__", ""), None)
+        doc = (getattr(mod, "__doc__", None) or "").strip()
+    para = " ".join(doc.split("\n\n", 1)[0].split())
+    first = para.split(". ", 1)[0].rstrip(".")
+    return first if len(first) <= 110 else first[:107] + "..."
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aspen-bench",
+        description="Measure Aspen against stock git http-backend (and any smart-HTTP server by URL) "
+                    "in the same run on the same machine.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    r = sub.add_parser("run", help="run workloads and write a results folder",
+                       description="Run WORKLOADs (or `all`) against each target over its own copy of the "
+                                   "same repository, and write results/<date>-<machine>/.")
+    r.add_argument("workloads", nargs="+", metavar="WORKLOAD", help="workload names (see `aspen-bench list`), or `all`")
+    r.add_argument("--targets", default=DEFAULT_TARGETS,
+                   help="comma-separated: aspen, stock, stock-apache, url:NAME=URL (default %(default)s)")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--preset", choices=_preset_names(), default=None,
+                     help="generate a repository of this size (default tiny with --quick, else small)")
+    src.add_argument("--repo", type=Path, help="use a copy of this local bare repository instead")
+    r.add_argument("--seed", type=int, default=None, help="generator seed (default: the preset's)")
+    r.add_argument("--quick", action="store_true", help="small sizes everywhere (CI and smoke runs)")
+    r.add_argument("--max-n", type=int, help="stale-branch: largest N (trunk pushes behind)")
+    r.add_argument("--jobs", type=int, help="storms: K concurrent jobs (default 200)")
+    r.add_argument("--writers", type=int, help="writers: W concurrent writers")
+    r.add_argument("--seconds", type=float, help="writers: how long the writers push")
+    r.add_argument("--readers", type=int, help="writers: R readers polling and fetching meanwhile")
+    r.add_argument("--clients", type=int, help="clone-concurrency: C clients at once")
+    r.add_argument("--fetches", type=int, help="random-fetch: F random fetches")
+    r.add_argument("--pushes", type=int, help="push-history: total trunk pushes")
+    r.add_argument("--window", type=int, help="push-history: pushes per latency window")
+    r.add_argument("--reps", type=int, help="repetitions of single-client workloads (medians are reported)")
+    r.add_argument("--pool", type=int, help="client threads for concurrent workloads (default: one per job)")
+    r.add_argument("--server-workers", type=int, help="gunicorn workers per target (default: targets' default)")
+    r.add_argument("--server-threads", type=int, help="gunicorn threads per worker (default: targets' default)")
+    r.add_argument("--out", type=Path, default=Path("results"),
+                   help="parent of the results folder (default %(default)s/)")
+    r.add_argument("--machine", help="machine tag in the folder name (default: $ASPEN_BENCH_MACHINE or hostname)")
+    r.add_argument("--results-dir", type=Path,
+                   help="write into exactly this results folder (appending), instead of OUT/<date>-<machine>")
+    r.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
+    r.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    r.add_argument("--no-plots", action="store_true", help="write raw records and tables only")
+    r.set_defaults(func=cmd_run)
+
+    g = sub.add_parser("gen", help="generate a repository only",
+                       description="Generate the deterministic bare repository of PRESET at DEST.")
+    g.add_argument("preset", choices=_preset_names(), metavar="PRESET", help=" | ".join(_preset_names()))
+    g.add_argument("dest", type=Path, metavar="DEST", help="bare repository to create (must not exist)")
+    g.add_argument("--seed", type=int, default=None, help="generator seed (default: the preset's)")
+    g.set_defaults(func=cmd_gen)
+
+    rep = sub.add_parser("report", help="regenerate tables and plots from a results folder",
+                         description="Rebuild tables.md and the PNG plots of DIR from its raw.jsonl.")
+    rep.add_argument("dir", type=Path, metavar="DIR", help="a results folder (holding raw.jsonl)")
+    rep.add_argument("--no-plots", action="store_true", help="tables only")
+    rep.add_argument("--page", type=Path, metavar="FILE",
+                     help="also write a BENCHMARKS.md page (method, machine, tables, where Aspen loses) to FILE")
+    rep.add_argument("--command", dest="campaign_command", default="",
+                     help="with --page: the command that produced the results, quoted on the page")
+    rep.set_defaults(func=cmd_report)
+
+    ls = sub.add_parser("list", help="list workloads", description="List the workloads `run` knows.")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+def _preset_names() -> list[str]:
+    try:
+        from .repogen import PRESETS
+        return list(PRESETS)
+    except Exception:
+        return ["tiny", "small", "medium"]
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_list(args) -> int:
+    for name, fn in _workloads().items():
+        print(f"{name:20} {_describe(fn)}")
+    return 0
+
+
+def cmd_gen(args) -> int:
+    from .repogen import generate, spec_for
+    args.dest.parent.mkdir(parents=True, exist_ok=True)
+    t = time.monotonic()
+    info = generate(spec_for(args.preset, args.seed), args.dest)
+    print(f"{info.path}: {info.commits} commits, {info.objects} objects, {info.refs} refs "
+          f"({time.monotonic() - t:.1f}s)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    if not (args.dir / results.RAW).is_file():
+        raise SystemExit(f"aspen-bench: {args.dir / results.RAW}: not found (not a results folder?)")
+    path = results.write_report(args.dir, plots=not args.no_plots)
+    print(path)
+    if args.page:
+        from .page import write_page
+        print(write_page(args.page, [args.dir], command=args.campaign_command))
+    return 0
+
+
+def _resolve_workloads(names: list[str]) -> list[str]:
+    known = _workloads()
+    out: list[str] = []
+    for n in names:
+        for part in n.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if part == "all":
+                out += [w for w in known if w not in out]
+            elif part in known:
+                if part not in out:
+                    out.append(part)
+            else:
+                raise SystemExit(f"aspen-bench: unknown workload {part!r} (known: {', '.join(known)}, all)")
+    return out
+
+
+def _prepare_repo(args, source_root: Path):
+    """The source repository every target gets a copy of; returns RepoInfo."""
+    from . import repogen
+    dest = source_root / REPO_NAME
+    if args.repo:
+        info = repogen.use_repo(args.repo)
+        shutil.copytree(info.path, dest, symlinks=True)
+        subprocess.run(["git", "config", "http.receivepack", "true"], cwd=dest, check=True)
+        return repogen.describe(dest)
+    preset = args.preset or ("tiny" if args.quick else "small")
+    return repogen.generate(repogen.spec_for(preset, args.seed), dest)
+
+
+def _knobs(args) -> dict:
+    knobs = {"max_n": args.max_n, "jobs": args.jobs, "writers": args.writers, "seconds": args.seconds,
+             "clients": args.clients, "fetches": args.fetches, "pushes": args.pushes, "seed": args.seed,
+             "reps": args.reps, "pool": args.pool, "readers": args.readers, "window": args.window}
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
+def cmd_run(args) -> int:
+    from .targets import parse_spec
+    names = _resolve_workloads(args.workloads)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    for t in targets:
+        try:
+            parse_spec(t)
+        except ValueError as e:
+            raise SystemExit(f"aspen-bench: {e}")
+    info = machine_mod.collect(args.machine)
+    folder = args.results_dir or Path(args.out) / results.folder_name(info)
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="aspen-bench-", dir=args.workdir))
+    scratch.chmod(0o755)   # Apache's CGI children (www-data) must reach the repository copies
+    progress = Progress()
+    failed: list[str] = []
+    try:
+        say(f"aspen-bench: workdir {scratch}")
+        source = scratch / "source"
+        source.mkdir()
+        t = time.monotonic()
+        repo = _prepare_repo(args, source)
+        say(f"aspen-bench: repository {repo.commits} commits, {repo.objects} objects, {repo.refs} refs "
+            f"({time.monotonic() - t:.1f}s)")
+        run_args = {"argv": sys.argv[1:], "workloads": names, "targets": targets,
+                    "preset": None if args.repo else (args.preset or ("tiny" if args.quick else "small")),
+                    "repo_path": str(args.repo) if args.repo else None, "seed": args.seed,
+                    "quick": args.quick, "knobs": _knobs(args),
+                    "repo": {"commits": repo.commits, "objects": repo.objects, "refs": repo.refs}}
+        writer = results.ResultsWriter(folder, info, run_args)
+        i = 0
+        try:
+            for i, name in enumerate(names):
+                say(f"aspen-bench: [{i + 1}/{len(names)}] {name} on {', '.join(targets)}")
+                try:
+                    writer.add(run_workload(name, targets, source, scratch / f"w{i}-{name}", args, progress))
+                    progress.close()
+                except Exception as e:
+                    progress.close(note="failed")
+                    failed.append(name)
+                    writer.fail(name, f"{type(e).__name__}: {e}")
+                    say(f"aspen-bench: {name} failed: {type(e).__name__}: {e}")
+                    traceback.print_exc(file=sys.stderr)
+        except KeyboardInterrupt:
+            progress.close(note="interrupted")
+            writer.fail(names[i], "interrupted")
+            results.write_report(folder, plots=not args.no_plots)   # keep what was measured
+            say(f"aspen-bench: interrupted; partial results in {folder}")
+            raise
+        tables = results.write_report(folder, plots=not args.no_plots)
+        sys.stdout.write(tables.read_text())
+        say(f"aspen-bench: results in {folder}")
+    finally:
+        if args.keep:
+            say(f"aspen-bench: kept {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if failed:
+        say(f"aspen-bench: failed workloads: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def run_workload(name: str, targets: list[str], source: Path, workdir: Path, args, progress: Progress) -> list:
+    """Start fresh targets over fresh copies of SOURCE, run one workload, stop them.
+
+    Each workload gets its own servers so that pushes made by one workload
+    (push-history, writers) never change what the next one measures."""
+    from . import targets as targets_mod
+    from .workloads import WorkloadContext
+    workdir.mkdir(parents=True)
+    fn = _workloads()[name]
+    opts = {"repo": REPO_NAME, "warn": say}
+    if args.server_workers:
+        opts["workers"] = args.server_workers
+    if args.server_threads:
+        opts["threads"] = args.server_threads
+    with targets_mod.running_targets(targets, source, workdir / "servers", **opts) as started:
+        if not started:
+            raise RuntimeError("no target could be started")
+        infos = [t.info for t in started]
+        ctx = WorkloadContext(
+            targets=infos, repo=REPO_NAME, proxies={t.info.name: t.proxy for t in started},
+            roots={t.info.name: t.info.root for t in started}, workdir=workdir / "client",
+            quick=args.quick, params=_knobs(args), procs={t.info.name: list(t.info.pids) for t in started},
+            progress=progress)
+        progress.start(0, name)
+        return list(fn(ctx))
+
+
+def _on_sigterm(signum, frame) -> None:
+    # Unwind normally so that every started server is stopped (they run in their own sessions).
+    raise KeyboardInterrupt
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        say("aspen-bench: interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

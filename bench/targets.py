@@ -1,0 +1,400 @@
+"""Targets: starts and stops the servers a benchmark compares, each over its
+own copy of the repositories and each behind its own CountingProxy.
+
+Target specs (the names `running()` takes):
+- `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`;
+- `stock`         the same gunicorn serving stock `git http-backend` through
+                  `bench.cgibridge:application`;
+- `stock-apache`  stock `git http-backend` as a CGI under Apache (mod_cgi),
+                  only where `apache2` is installed;
+- `url:NAME=URL`  any other smart-HTTP server (Gitea, Forgejo, GitLab) by base
+                  URL, credentials as `user:token@` in the URL; not started
+                  or stopped here, and no repository copy (`root=None`).
+
+Every server allows anonymous push (http.receivepack=true) and exports every
+repository. This module starts and stops every server process of the bench
+(the bridge's CGI children are started by the server that hosts it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+from .cgibridge import STOCK
+from .model import TargetInfo
+from .proxy import CountingProxy
+
+PROJECT = Path(__file__).resolve().parent.parent
+BUILTIN = ("aspen", "stock", "stock-apache")
+
+_PUSH_ENV = {"GIT_HTTP_EXPORT_ALL": "1", "GIT_CONFIG_COUNT": "1",
+             "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
+
+
+class TargetUnavailable(RuntimeError):
+    """A target that cannot run on this machine (e.g. Apache is not installed)."""
+
+
+@dataclass
+class Target:
+    """A started target: what workloads see (`info`), and what stop() needs."""
+    info: TargetInfo
+    proxy: CountingProxy
+    proc: Optional[subprocess.Popen] = None
+    log: Optional[Path] = None
+    scratch: Optional[Path] = None      # a directory of ours outside the workdir, removed on stop
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        if self.proc is not None:
+            _terminate(self.proc)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log and self.log.exists() else ""
+
+
+def repositories(root: Path) -> list[str]:
+    """Names (relative paths) of the bare repositories directly under ROOT, sorted."""
+    if root is None or not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir()
+                  if p.is_dir() and (p / "HEAD").is_file() and (p / "objects").is_dir())
+
+
+def copy_root(src: Path, dst: Path) -> Path:
+    """Copy the project root SRC to DST (`cp -a`: object layout, packs and permissions preserved)."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    return dst
+
+
+def apache_binary() -> Optional[str]:
+    found = shutil.which("apache2")
+    if found:
+        return found
+    return "/usr/sbin/apache2" if os.path.exists("/usr/sbin/apache2") else None
+
+
+def parse_spec(spec: str) -> tuple[str, Optional[str]]:
+    """'aspen' -> ('aspen', None); 'url:gitea=http://h/org' -> ('gitea', 'http://h/org')."""
+    if spec.startswith("url:"):
+        name, sep, url = spec[4:].partition("=")
+        if not sep or not name or not url:
+            raise ValueError(f"bad target {spec!r}: expected url:NAME=URL")
+        return name, url
+    if spec not in BUILTIN:
+        raise ValueError(f"unknown target {spec!r}: expected one of {', '.join(BUILTIN)} or url:NAME=URL")
+    return spec, None
+
+
+def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL to the process group after GRACE seconds."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                proc.kill()
+            proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stray children left in the server's own group
+    except OSError:
+        pass
+
+
+def _gunicorn(name: str, app: str, root: Path, workdir: Path, env: dict, workers: int, threads: int,
+              timeout: float) -> tuple[subprocess.Popen, int, Path]:
+    """Start gunicorn on 127.0.0.1:0 and read its port from its `Listening at:` line."""
+    log = workdir / f"{name}.log"
+    full = dict(os.environ)
+    full.update({"GIT_PROJECT_ROOT": str(root), **_PUSH_ENV})
+    full.update(env)
+    full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT), full.get("PYTHONPATH")]))
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--bind", "127.0.0.1:0", "--worker-class", "gthread",
+             "--workers", str(workers), "--threads", str(threads), "--timeout", "600",
+             "--graceful-timeout", "5", "--backlog", "2048", app],
+            env=full, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=str(PROJECT),
+            start_new_session=True)
+    pattern = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+) \(%d\)" % proc.pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = pattern.search(log.read_text(errors="replace"))
+        if m:
+            return proc, int(m.group(1)), log
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name}: gunicorn exited ({proc.returncode}):\n{log.read_text(errors='replace')}")
+        time.sleep(0.05)
+    _terminate(proc)
+    raise RuntimeError(f"{name}: gunicorn did not report its port within {timeout:.0f}s")
+
+
+_APACHE_MODULES = ("mpm_prefork", "authz_core", "alias", "cgi", "env", "unixd")
+_MODULE_DIR = Path("/usr/lib/apache2/modules")
+
+
+def _apache_conf(root: Path, workdir: Path, port: int, user: str, group: str) -> str:
+    loads = []
+    for mod in _APACHE_MODULES:
+        so = _MODULE_DIR / f"mod_{mod}.so"
+        if so.exists():  # some are built in (unixd on some builds)
+            loads.append(f"LoadModule {mod}_module {so}")
+    # The children run as another user than the repositories' owner: trust them (command-scope config).
+    env = {"GIT_PROJECT_ROOT": str(root), **_PUSH_ENV, "GIT_CONFIG_COUNT": "2",
+           "GIT_CONFIG_KEY_1": "safe.directory", "GIT_CONFIG_VALUE_1": "*"}
+    return "\n".join([
+        f'ServerRoot "{workdir}"',
+        "ServerName 127.0.0.1",
+        f"Listen 127.0.0.1:{port}",
+        f'PidFile "{workdir}/apache.pid"',
+        f'ErrorLog "{workdir}/stock-apache.log"',
+        "LogLevel warn",
+        *loads,
+        f"User {user}",
+        f"Group {group}",
+        "StartServers 4",
+        "MinSpareServers 4",
+        "MaxSpareServers 32",
+        "ServerLimit 512",
+        "MaxRequestWorkers 512",
+        "MaxConnectionsPerChild 0",
+        "KeepAlive On",
+        "MaxKeepAliveRequests 0",
+        "KeepAliveTimeout 5",
+        "Timeout 600",
+        "LimitRequestBody 0",
+        *[f"SetEnv {k} {v}" for k, v in env.items()],
+        f"ScriptAlias / {STOCK}/",
+        f'<Directory "{Path(STOCK).parent}">',
+        "    Options +ExecCGI",
+        "    Require all granted",
+        "</Directory>",
+        "",
+    ])
+
+
+def _apache(root: Path, workdir: Path, timeout: float) -> tuple[subprocess.Popen, int, Path]:
+    """Start Apache (prefork + mod_cgi) in the foreground on a loopback port.
+
+    Apache cannot bind port 0, so a random high port is tried and Apache itself
+    reports a clash by exiting; then another port is tried. Apache refuses to
+    run its children as root: when started as root they run as www-data; the
+    repository copy (ROOT, made world-writable by the caller) stays owned by
+    root so that local git commands on it need no safe.directory."""
+    binary = apache_binary()
+    if binary is None:
+        raise TargetUnavailable("stock-apache: apache2 is not installed (apt-get install apache2); skipped")
+    user = group = "www-data"
+    if os.geteuid() != 0:
+        import grp
+        import pwd
+        user, group = pwd.getpwuid(os.geteuid()).pw_name, grp.getgrgid(os.getegid()).gr_name
+    log = workdir / "stock-apache.log"
+    conf = workdir / "apache.conf"
+    env = dict(os.environ)
+    env.update({"APACHE_RUN_DIR": str(workdir), "APACHE_LOCK_DIR": str(workdir), "APACHE_PID_FILE":
+                str(workdir / "apache.pid")})
+    for _ in range(20):
+        port = random.randint(20000, 59999)
+        conf.write_text(_apache_conf(root, workdir, port, user, group))
+        if log.exists():
+            log.unlink()
+        with open(workdir / "stock-apache.out", "wb") as out:
+            proc = subprocess.Popen([binary, "-f", str(conf), "-DFOREGROUND"], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
+                                    start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            if _answers(f"http://127.0.0.1:{port}/"):
+                return proc, port, log
+            time.sleep(0.05)
+        text = (workdir / "stock-apache.out").read_text(errors="replace") + (
+            log.read_text(errors="replace") if log.exists() else "")
+        _terminate(proc)
+        if "Address already in use" not in text and "could not bind" not in text:
+            raise RuntimeError(f"stock-apache: apache2 did not start:\n{text}")
+    raise RuntimeError("stock-apache: no free port found in 20 tries")
+
+
+def _answers(url: str) -> bool:
+    """Does anything speak HTTP at URL (any status)?"""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            resp.read()
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _opener(url: str) -> tuple[str, urllib.request.OpenerDirector]:
+    """URL without credentials, and an opener that sends them (Basic) when the URL has them."""
+    parts = urllib.parse.urlsplit(url)
+    handlers = []
+    if parts.username:
+        mgr = urllib.request.HTTPPasswordMgrWithDefaultRealm()
+        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+        bare = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        mgr.add_password(None, bare, urllib.parse.unquote(parts.username),
+                         urllib.parse.unquote(parts.password or ""))
+        handlers.append(urllib.request.HTTPBasicAuthHandler(mgr))
+        url = bare
+    return url, urllib.request.build_opener(*handlers)
+
+
+def wait_ready(info: TargetInfo, repo: Optional[str], timeout: float = 60.0) -> None:
+    """Wait until INFO answers `GET /REPO/info/refs?service=git-upload-pack` with 200
+    (any HTTP answer at the base URL when REPO is None)."""
+    base = info.url.rstrip("/")
+    url = f"{base}/{repo}/info/refs?service=git-upload-pack" if repo else base + "/"
+    url, opener = _opener(url)
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with opener.open(url, timeout=10) as resp:
+                resp.read()
+                if resp.status == 200:
+                    return
+                last = f"status {resp.status}"
+        except urllib.error.HTTPError as e:
+            last = f"status {e.code}"
+            if repo is None:
+                return
+        except (OSError, ValueError) as e:
+            last = str(e)
+        time.sleep(0.1)
+    raise RuntimeError(f"{info.name}: {url} not ready after {timeout:.0f}s ({last})")
+
+
+def _with_netloc(url: str, host: str, port: int) -> str:
+    """URL with its host:port replaced (keeping user:token@ and the path)."""
+    parts = urllib.parse.urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = (auth + "@" if auth else "") + f"{host}:{port}"
+    return urllib.parse.urlunsplit(("http", netloc, parts.path.rstrip("/"), "", ""))
+
+
+def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int = 2, threads: int = 16,
+                 env: Optional[dict] = None, timeout: float = 60.0) -> Target:
+    """Start one target over its own copy of ROOT (under WORKDIR/NAME) behind a new CountingProxy.
+    Raises TargetUnavailable when the target cannot run here."""
+    name, url = parse_spec(spec)
+    if url is not None:
+        parts = urllib.parse.urlsplit(url)
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        proxy = CountingProxy(parts.hostname, port, name, tls=tls, host_header=parts.netloc.rpartition("@")[2])
+        proxy.start()
+        info = TargetInfo(name=name, url=_with_netloc(url, "127.0.0.1", proxy.port), root=None, pids=[])
+        return Target(info, proxy)
+    if name == "stock-apache" and apache_binary() is None:
+        raise TargetUnavailable("stock-apache: apache2 is not installed (apt-get install apache2); skipped")
+    tdir = Path(workdir) / name
+    tdir.mkdir(parents=True, exist_ok=True)
+    scratch: Optional[Path] = None
+    if name == "stock-apache" and os.geteuid() == 0 and not _reachable_by_others(tdir):
+        # Apache's children (www-data) must reach the repositories: copy them where they can.
+        scratch = Path(tempfile.mkdtemp(prefix="aspen-bench-apache-"))
+        scratch.chmod(0o755)
+        repos = copy_root(Path(root), scratch / "repos")
+    else:
+        repos = copy_root(Path(root), tdir / "repos")
+    if name == "stock-apache":
+        subprocess.run(["chmod", "-R", "a+rwX", str(repos)], check=True)
+    if name == "aspen":
+        proc, port, log = _gunicorn(name, "aspen_cgi.wsgi:application", repos, tdir,
+                                    {"ASPEN_ACCESS_LOG": "1", **(env or {})}, workers, threads, timeout)
+    elif name == "stock":
+        proc, port, log = _gunicorn(name, "bench.cgibridge:application", repos, tdir,
+                                    {"ASPEN_BENCH_CGI": STOCK, **(env or {})}, workers, threads, timeout)
+    else:
+        proc, port, log = _apache(repos, tdir, timeout)
+    try:
+        proxy = CountingProxy("127.0.0.1", port, name).start()
+    except BaseException:
+        _terminate(proc)
+        raise
+    info = TargetInfo(name=name, url=proxy.url, root=repos, pids=[proc.pid],
+                      plan_log=log if name == "aspen" else None)
+    return Target(info, proxy, proc, log, scratch=scratch)
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Can a user other than the owner traverse every directory down to PATH?"""
+    p = Path(path).resolve()
+    for d in [p, *p.parents]:
+        if not d.stat().st_mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def running_targets(specs: list[str], root: Path, workdir: Path, *, workers: int = 2, threads: int = 16,
+                    env: Optional[dict] = None, timeout: float = 60.0, repo: Optional[str] = None,
+                    skip_unavailable: bool = True, warn=None) -> Iterator[list[Target]]:
+    """Like `running`, yielding the Target objects (with their proxies and logs)."""
+    warn = warn or (lambda msg: print(msg, file=sys.stderr))
+    if repo is None and root is not None:
+        repo = next(iter(repositories(Path(root))), None)
+    started: list[Target] = []
+    try:
+        for spec in specs:
+            try:
+                t = start_target(spec, root, workdir, workers=workers, threads=threads, env=env, timeout=timeout)
+            except TargetUnavailable as e:
+                if not skip_unavailable:
+                    raise
+                warn(str(e))
+                continue
+            started.append(t)
+            try:
+                wait_ready(t.info, repo if t.info.root is not None else None, timeout)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}\n{t.log_text()[-4000:]}") from None
+        yield started
+    finally:
+        for t in reversed(started):
+            t.stop()
+
+
+@contextlib.contextmanager
+def running(targets: list[str], root: Path, workdir: Path, **opts) -> Iterator[list[TargetInfo]]:
+    """Start every target in TARGETS over its own copy of ROOT (copies and logs
+    under WORKDIR), wait until each serves `GET /<repo>/info/refs`, yield
+    their TargetInfo, and stop them all on exit. Targets that cannot run here
+    (stock-apache without Apache) are skipped with a message on stderr.
+
+    opts: workers=2, threads=16 (gunicorn), env={} (extra server environment),
+    timeout=60, repo=<probe repository name, default the first under ROOT>,
+    skip_unavailable=True, warn=callable(str)."""
+    with running_targets(targets, root, workdir, **opts) as started:
+        yield [t.info for t in started]

@@ -1,0 +1,82 @@
+"""Storm workloads: K concurrent jobs against one target at a time, each a
+`--depth 1` clone (`storm-depth1`) or a warm one-commit fetch (`storm-warm`):
+latency samples and p50/p90/p99, failures, total bytes, and the server's CPU
+seconds and peak RSS over the storm. Jobs run as `git` subprocesses on a
+thread pool (params pool, default K: all submitted at once)."""
+
+from __future__ import annotations
+
+from .. import gitclient, stats
+from ..model import Measurement, TargetInfo
+from .base import WorkloadContext, register
+from .common import (ServerUsage, Wire, copy_client, first_failure, ordered, quiet_repo, report, repo_url,
+                     rmtree, run_jobs)
+
+
+def _storm(ctx: WorkloadContext, name: str, t: TargetInfo, jobs: list, k: int, pool: int, rep: int,
+           extra: dict) -> Measurement:
+    with ServerUsage(ctx, t) as usage, Wire(ctx, t) as w:
+        results, total_ms = run_jobs(jobs, pool, lambda d: report(ctx, d, k, f"{name} {t.name}"))
+    samples = [r.wall_ms for r in results if r.ok]
+    m = {"jobs": k, "pool": pool, "failures": sum(not r.ok for r in results), "total_wall_ms": total_ms, **extra}
+    m.update({f"{key}_ms": v for key, v in stats.summary(samples).items() if key != "n"})
+    m.update(w.metrics())
+    m.update(usage.metrics())
+    return Measurement(name, t.name, {"jobs": k, "rep": rep}, m, samples, first_failure(results))
+
+
+def _sizes(ctx: WorkloadContext) -> tuple[int, int, int]:
+    k = int(ctx.param("jobs", 200, quick=20))
+    return k, int(ctx.param("pool", k)), int(ctx.param("reps", 1))
+
+
+@register("storm-depth1")
+def storm_depth1(ctx: WorkloadContext) -> list[Measurement]:
+    """K concurrent `--depth 1` clones (no checkout) of the repository."""
+    k, pool, reps = _sizes(ctx)
+    out = []
+    for rep in range(reps):
+        for t in ordered(ctx, rep):
+            d = ctx.workdir / "storm-depth1" / t.name / str(rep)
+            d.mkdir(parents=True, exist_ok=True)
+            url = repo_url(ctx, t)
+            jobs = [lambda i=i: gitclient.clone(url, d / f"c{i}", depth=1) for i in range(k)]
+            out.append(_storm(ctx, "storm-depth1", t, jobs, k, pool, rep, {}))
+            rmtree(d)
+    return out
+
+
+@register("storm-warm")
+def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
+    """K clients one push behind (one clone, copied K times with hard-linked
+    objects) fetch the one new commit at once. The pushed commit is the same on
+    every target."""
+    k, pool, reps = _sizes(ctx)
+    out = []
+    for rep in range(reps):
+        for t in ordered(ctx, rep):
+            url = repo_url(ctx, t)
+            d = ctx.workdir / "storm-warm" / t.name / str(rep)
+            d.mkdir(parents=True, exist_ok=True)
+            base, pusher = d / "base", d / "pusher"
+            if not (gitclient.clone(url, base).ok and gitclient.clone(url, pusher, bare=True).ok):
+                raise RuntimeError(f"storm-warm: cannot clone {t.name}")
+            quiet_repo(base)
+            for i in range(k):
+                copy_client(base, d / f"c{i}")
+            report(ctx, 0, k, f"storm-warm {t.name} prepared")
+            sha = gitclient.commit_file(pusher, "bench/storm.txt", f"storm {rep}\n", f"storm {rep}\n",
+                                        parent="refs/heads/main", when=gitclient.BASE_TIME + 1000 + rep)
+            p = gitclient.push(pusher, url, sha or "HEAD", "refs/heads/main")
+            if not (sha and p.ok):
+                raise RuntimeError(f"storm-warm: cannot push to {t.name}: {p.stderr_tail}")
+
+            def job(i: int) -> gitclient.ClientResult:
+                r = gitclient.fetch(d / f"c{i}", url, ["+refs/heads/main:refs/remotes/origin/main"])
+                if r.ok and gitclient.rev_parse(d / f"c{i}", "refs/remotes/origin/main") != sha:
+                    return gitclient.ClientResult(False, r.wall_ms, "fetched tip differs", r.stdout)
+                return r
+            jobs = [lambda i=i: job(i) for i in range(k)]
+            out.append(_storm(ctx, "storm-warm", t, jobs, k, pool, rep, {}))
+            rmtree(d)
+    return out
