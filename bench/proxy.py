@@ -118,6 +118,25 @@ async def _read_head(reader: asyncio.StreamReader) -> Optional[bytes]:
         return None
 
 
+async def _forward_exactly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, size: int,
+                           count: Callable[[int], None], on_data: Optional[Callable[[bytes], None]],
+                           on_last: Optional[Callable[[], None]], where: str) -> None:
+    """Forward exactly SIZE bytes; ON_LAST is called before the last write."""
+    remaining = size
+    while remaining:
+        data = await reader.read(min(remaining, _CHUNK))
+        if not data:
+            raise ConnectionError(f"connection closed {where}")
+        remaining -= len(data)
+        count(len(data))
+        if on_data:
+            on_data(data)
+        if not remaining and on_last:
+            on_last()
+        writer.write(data)
+        await writer.drain()
+
+
 async def _pipe_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str],
                      count: Callable[[int], None], on_data: Optional[Callable[[bytes], None]],
                      on_end: Callable[[], None], until_close: bool) -> None:
@@ -142,36 +161,15 @@ async def _pipe_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                 return
             count(len(line))
             writer.write(line)
-            remaining = size
-            while remaining:
-                data = await reader.read(min(remaining, _CHUNK))
-                if not data:
-                    raise ConnectionError("connection closed inside a chunk")
-                remaining -= len(data)
-                count(len(data))
-                if on_data:
-                    on_data(data)
-                writer.write(data)
-                await writer.drain()
+            await _forward_exactly(reader, writer, size, count, on_data, None, "inside a chunk")
             crlf = await reader.readexactly(2)
             count(2)
             writer.write(crlf)
     elif "content-length" in headers:
-        remaining = int(headers["content-length"].split(",")[0])
-        if remaining == 0:
+        size = int(headers["content-length"].split(",")[0])
+        if size == 0:
             on_end()
-        while remaining:
-            data = await reader.read(min(remaining, _CHUNK))
-            if not data:
-                raise ConnectionError("connection closed inside a body")
-            remaining -= len(data)
-            count(len(data))
-            if on_data:
-                on_data(data)
-            if not remaining:
-                on_end()
-            writer.write(data)
-            await writer.drain()
+        await _forward_exactly(reader, writer, size, count, on_data, on_end, "inside a body")
     elif until_close:
         while True:
             data = await reader.read(_CHUNK)
