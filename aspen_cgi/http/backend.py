@@ -240,6 +240,7 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     primed = _primed(iter(stream), body_obj)
     hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
     resp = Response(200, "OK", hdrs, primed, ctx.log, ctx.trace)
+    primed.watch_log(ctx.log)
     resp.late = primed.late_messages
     return resp
 
@@ -258,6 +259,8 @@ class _primed:
         self.it = it
         self.body = body
         self._late: list[str] = []
+        self._log: list[str] = []
+        self._logged = 0
         try:
             self.first: Optional[bytes] = next(it)
         except StopIteration:
@@ -287,11 +290,18 @@ class _primed:
         self.first = None
         yield from self.it
 
+    def watch_log(self, log: list[str]) -> None:
+        """The service's message list: what it adds after the adapter wrote
+        the messages it had (at header time) is reported late."""
+        self._log, self._logged = log, len(log)
+
     def late_messages(self) -> list[str]:
+        out = self._log[self._logged:]
+        self._logged = len(self._log)
         if self.body is not None and self.body.error is not None and not self._late:
             self._late.append(f"fatal: {self.body.error.message}")
-            return list(self._late)
-        return []
+            out.append(self._late[-1])
+        return out
 
     def close(self) -> None:
         close = getattr(self.it, "close", None)
