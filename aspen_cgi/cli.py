@@ -1,10 +1,13 @@
-"""`aspen`: the operator's command line (`aspen dev` today; import, log,
-compact, verify and stats arrive with the ref store)."""
+"""`aspen`: the operator's command line. `dev` serves repositories; `log`,
+`verify`, `compact` and `query` read and maintain a repository's ref store."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import time
 
 from . import __version__
 
@@ -12,6 +15,100 @@ from . import __version__
 def _cmd_dev(args: argparse.Namespace) -> int:
     from .devserver import serve
     return serve(args.dir, args.host, args.port, args.workers, allow_push=not args.no_push)
+
+
+def _open(repo: str):
+    """The store of REPO (a bare repository or a work tree's .git), synced with the disk."""
+    from .refstore.store import RefStore
+    gitdir = repo
+    if not os.path.isfile(os.path.join(gitdir, "HEAD")) and os.path.isdir(os.path.join(repo, ".git")):
+        gitdir = os.path.join(repo, ".git")
+    if not os.path.isfile(os.path.join(gitdir, "HEAD")):
+        raise SystemExit(f"aspen: not a git repository: {repo}")
+    gitdir = os.path.abspath(gitdir)
+    env = dict(os.environ)
+    env["GIT_DIR"] = gitdir
+    store = RefStore.open(gitdir, env)
+    if store is None:
+        raise SystemExit(f"aspen: cannot keep a ref store for {repo} (read-only? set ASPEN_STATE_DIR)")
+    store.sync()
+    return store
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _cmd_log(args: argparse.Namespace) -> int:
+    store = _open(args.repo)
+    out = sys.stdout
+    try:
+        for v in store.log(args.limit):
+            if args.json:
+                out.write(json.dumps({"id": v.id, "kind": v.kind, "who": v.who, "at": v.at, "push_id": v.push_id,
+                                      "state": v.state,
+                                      "updates": [{"ref": u.ref, "old": u.old, "new": u.new, "fast_forward": u.ff}
+                                                  for u in v.updates]}) + "\n")
+                continue
+            who = v.who or "-"
+            state = "" if v.state == "done" else f" [{v.state}]"
+            out.write(f"version {v.id}  {v.kind}  {who}  {_when(v.at)}{state}\n")
+            shown = v.updates if args.all_updates or len(v.updates) <= 20 else v.updates[:20]
+            for u in shown:
+                mark = " ff" if u.ff else ""
+                out.write(f"    {u.old[:12]}..{u.new[:12]}  {u.ref}{mark}\n")
+            if len(shown) < len(v.updates):
+                out.write(f"    ... {len(v.updates) - len(shown)} more (--all-updates)\n")
+    except BrokenPipeError:
+        pass
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    store = _open(args.repo)
+    from .progress import Spinner
+    with Spinner("verifying", enabled=not args.quiet) as spin:
+        rep = store.verify(progress=spin.step)
+    if args.json:
+        print(json.dumps({"ok": rep.ok, "versions": rep.versions, "refs": rep.refs, "problems": rep.problems}))
+    else:
+        for p in rep.problems:
+            print(f"problem: {p}")
+        print(f"{'consistent' if rep.ok else 'NOT consistent'}: {rep.versions} versions, {rep.refs} refs, "
+              f"{len(rep.problems)} problems")
+    return 0 if rep.ok else 1
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    store = _open(args.repo)
+    rep = store.compact()
+    if args.json:
+        print(json.dumps(rep.__dict__))
+    else:
+        print(f"compacted: {rep.versions} versions, {rep.nodes_built} segments built now, "
+              f"{rep.segments} segments ({rep.segment_rows} ref summaries) over {rep.levels} levels")
+    return 0
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    store = _open(args.repo)
+    if args.what == "ancestor":
+        if len(args.args) != 3:
+            raise SystemExit("aspen query ancestor REPO REF J K")
+        ref, j, k = args.args[0], int(args.args[1]), int(args.args[2])
+        t0 = time.perf_counter()
+        a = store.is_ancestor(ref, j, k)
+        us = (time.perf_counter() - t0) * 1e6
+        print(json.dumps({"ref": a.ref, "j": a.j, "k": a.k, "ancestor": a.ancestor, "value_j": a.value_j,
+                          "value_k": a.value_k, "versions_visited": a.visits.versions,
+                          "segments_visited": a.visits.segments, "us": round(us, 1)}))
+        return 0 if a.ancestor else 1
+    if len(args.args) != 1:
+        raise SystemExit("aspen query tip REPO COMMIT")
+    t = store.tips(args.args[0])
+    print(json.dumps({"commit": t.commit, "tips": [{"version": v, "ref": r} for v, r in t.tips],
+                      "versions_visited": t.visits.versions, "segments_visited": t.visits.segments}))
+    return 0 if t.tips else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +125,43 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default: 2)")
     dev.add_argument("--no-push", action="store_true", help="refuse pushes, as stock does without REMOTE_USER")
     dev.set_defaults(func=_cmd_dev)
+
+    log = sub.add_parser("log", help="versions of a repository's refs, newest first",
+                         description="List the ref store's versions newest first: id, kind (import, push, "
+                                     "external), who, when, and each ref update (old..new, ff when a fast-forward).")
+    log.add_argument("repo", help="path of the repository")
+    log.add_argument("-n", "--limit", type=int, default=None, help="show at most N versions")
+    log.add_argument("--json", action="store_true", help="one JSON object per version per line")
+    log.add_argument("--all-updates", action="store_true", help="do not abbreviate versions with many updates")
+    log.set_defaults(func=_cmd_log)
+
+    verify = sub.add_parser("verify", help="check the ref store against the refs on disk and the objects",
+                            description="Check the ref store's own consistency (SQLite integrity, versions replay "
+                                        "to the current refs, nothing pending), that it equals the refs on disk, "
+                                        "and that every ref's objects are present and connected. Exit 0 only when "
+                                        "everything is consistent.")
+    verify.add_argument("repo", help="path of the repository")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON")
+    verify.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    verify.set_defaults(func=_cmd_verify)
+
+    compact = sub.add_parser("compact", help="build missing history segments and checkpoint the store",
+                             description="Build every segment the geometric schedule calls for (pushes do this as "
+                                         "they land; this catches up after external changes or crashes), then "
+                                         "checkpoint the SQLite write-ahead log.")
+    compact.add_argument("repo", help="path of the repository")
+    compact.add_argument("--json", action="store_true", help="print the result as JSON")
+    compact.set_defaults(func=_cmd_compact)
+
+    query = sub.add_parser("query", help="ask the ref store a history question (JSON answer with visit counts)",
+                           description="`ancestor REPO REF J K`: is REF's value at version J an ancestor of its "
+                                       "value at version K (exit 0 yes, 1 not proved)? `tip REPO COMMIT`: which "
+                                       "versions made COMMIT a ref's value? Both print the versions and segments "
+                                       "visited.")
+    query.add_argument("what", choices=("ancestor", "tip"))
+    query.add_argument("repo", help="path of the repository")
+    query.add_argument("args", nargs="*", help="REF J K for ancestor, COMMIT for tip")
+    query.set_defaults(func=_cmd_query)
     return parser
 
 

@@ -6,6 +6,7 @@ migration of the quarantined objects into the repository's object store."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -184,18 +185,86 @@ def _drain(stream, buf: bytearray) -> None:
 class ConnectivityResult:
     ok: bool
     stderr: bytes = b""
+    # the commits the push makes reachable (not reachable from any ref), newest
+    # first, each with its parents; None when not asked for
+    commits: Optional[dict[str, tuple[str, ...]]] = None
 
 
-def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False) -> ConnectivityResult:
+_COMMIT_LINE = re.compile(rb"^[0-9a-f]{40}( [0-9a-f]{40})*$")
+
+
+def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False,
+              with_commits: bool = False) -> ConnectivityResult:
     """check_connected(): every new tip's closure is in the repository plus
-    quarantine (git 2.39 walks against --all, hidden refs included)."""
+    quarantine (git 2.39 walks against --all, hidden refs included). With
+    WITH_COMMITS the same walk also lists the new commits and their parents
+    (rev-list prints commits before any tree, blob or tag)."""
     if not oids:
-        return ConnectivityResult(True)
-    args = ["rev-list", "--objects", "--stdin", "--not", "--all", "--quiet", "--alternate-refs"]
+        return ConnectivityResult(True, b"", {} if with_commits else None)
+    args = ["rev-list", "--objects", "--stdin", "--not", "--all", "--alternate-refs"]
+    args += ["--parents"] if with_commits else ["--quiet"]
     if progress:
         args.append("--progress=Checking connectivity")
-    res = gitexec.git(args, cwd=gitdir, env=env, input="".join(o + "\n" for o in oids).encode())
-    return ConnectivityResult(res.ok, res.stderr)
+    if not with_commits:
+        res = gitexec.git(args, cwd=gitdir, env=env, input="".join(o + "\n" for o in oids).encode())
+        return ConnectivityResult(res.ok, res.stderr)
+    proc = gitexec.start(args, cwd=gitdir, env=env)
+    err = bytearray()
+    drain = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)
+    drain.start()
+    try:
+        proc.stdin.write("".join(o + "\n" for o in oids).encode())
+        proc.stdin.close()
+    except OSError:
+        pass
+    commits: dict[str, tuple[str, ...]] = {}
+    in_commits = True
+    for line in proc.stdout:
+        if in_commits:
+            line = line.rstrip(b"\n")
+            if _COMMIT_LINE.match(line):
+                parts = line.decode().split(" ")
+                commits[parts[0]] = tuple(parts[1:])
+            else:
+                in_commits = False
+    proc.stdout.close()
+    rc = proc.wait()
+    drain.join()
+    return ConnectivityResult(rc == 0, bytes(err), commits if rc == 0 else None)
+
+
+def fast_forward(commits: Mapping[str, Sequence[str]], old: str, new: str) -> Optional[bool]:
+    """Is OLD an ancestor of NEW, judged from the new commits' graph alone?
+    True when OLD is a parent reached from NEW inside it; None when the graph
+    cannot tell (NEW was not a new commit) or OLD may sit further down."""
+    if old == new:
+        return True
+    if new not in commits:
+        return None
+    seen = {new}
+    stack = [new]
+    while stack:
+        for parent in commits.get(stack.pop(), ()):
+            if parent == old:
+                return True
+            if parent in commits and parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return None
+
+
+def reachable_new(commits: Mapping[str, Sequence[str]], tip: str) -> list[str]:
+    """The new commits reachable from TIP."""
+    if tip not in commits:
+        return []
+    seen = {tip}
+    stack = [tip]
+    while stack:
+        for parent in commits.get(stack.pop(), ()):
+            if parent in commits and parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return sorted(seen)
 
 
 def object_types(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> dict[str, str]:

@@ -17,8 +17,9 @@ from .hooks import Hooks
 from .protocol import pktline, push
 from .protocol.push import ZERO, Command, RefResult
 from .refname import check_refname_format
-from .refs import HiddenRefs, namespace_prefix
-from .refwrite import RefUpdate, transaction
+from .refs import HiddenRefs, namespace_prefix, object_info
+from .refstore.store import fault
+from .refwrite import RefChange, VersionMeta, transaction
 
 
 KEEPALIVE = b"0005\x01"   # an empty band-1 packet: "still working"
@@ -52,6 +53,10 @@ class Push:
         self.quarantine: Optional[intake.Quarantine] = None
         self.msgs = push.Messages(False, ctx.log)
         self.keep_file: Optional[str] = None
+        self.new_commits: dict[str, tuple[str, ...]] = {}
+        self.ff_known: dict[tuple[str, str], bool] = {}
+        import uuid  # only pushes pay for it
+        self.push_id = uuid.uuid4().hex
 
     # -- the response stream -------------------------------------------------
 
@@ -120,6 +125,7 @@ class Push:
         unpack_error = None
         if not req.delete_only:
             unpack_error = yield from self._unpack()
+        fault("after-intake", self.ctx.env)
         states = [CommandState(c) for c in req.commands]
         yield from self._execute(states, unpack_error, req.push_options)
         self._cleanup()
@@ -130,6 +136,7 @@ class Push:
         if neg.report_status or neg.report_status_v2:
             rep = push.report(unpack_error, results)
             yield push.band(1, rep) if neg.sideband else rep
+        fault("reported", self.ctx.env)
         ok = [s for s in states if s.error is None and not s.did_not_exist]
         if ok:
             env = self._hook_env(req.push_options, quarantine=False)
@@ -188,6 +195,7 @@ class Push:
             return
         if all(s.error is not None for s in states):
             return
+        fault("after-hooks", self.ctx.env)
         if self.quarantine is not None:
             if not self.quarantine.migrate():
                 for s in states:
@@ -195,8 +203,9 @@ class Push:
                         s.error = "unable to migrate objects to permanent storage"
                 return
             self.quarantine = None
-        oids = [s.cmd.new for s in states] + [s.cmd.old for s in states]
-        self.types = intake.object_types(self.gitdir, self.ctx.env, [o for o in oids if o != ZERO])
+        oids = sorted({o for s in states for o in (s.cmd.new, s.cmd.old) if o != ZERO})
+        self.info = object_info(self.gitdir, self.ctx.env, oids)
+        self.types = {o: t for o, (t, _) in self.info.items() if t != "missing"}
         self.worktrees = pol.checked_out(self.gitdir, self.ctx.repo.bare, self.ctx.config)
         self.head_name = pol.head_name(self.gitdir)
         if self.neg.atomic:
@@ -207,9 +216,11 @@ class Push:
     def _connectivity(self, states: list[CommandState]) -> Iterator[bytes]:
         tips = [s.cmd.new for s in states if not s.cmd.is_delete]
         env = self._qenv()
-        res = intake.connected(self.gitdir, env, tips, progress=self.msgs.sideband and not self.neg.quiet)
+        res = intake.connected(self.gitdir, env, tips, progress=self.msgs.sideband and not self.neg.quiet,
+                               with_commits=True)
         yield self.msgs.frame(res.stderr)
         if res.ok:
+            self.new_commits = res.commits or {}
             return
         for s in states:
             if s.cmd.is_delete:
@@ -243,17 +254,17 @@ class Push:
         for s in states:
             if s.error is not None:
                 continue
-            upd: list[RefUpdate] = []
+            upd: list[RefChange] = []
             s.error = yield from self._update(s, upd)
             if s.error is None:
-                err = transaction(self.gitdir, self.ctx.env, upd)
+                err = self._commit(upd)
                 if err:
                     yield self.msgs.error(err)
                     s.error = "failed to update ref"
 
     def _atomic(self, states: list[CommandState]) -> Iterator[bytes]:
         reported = "atomic push failure"
-        upd: list[RefUpdate] = []
+        upd: list[RefChange] = []
         failed = False
         for s in states:
             if s.error is not None:
@@ -263,7 +274,7 @@ class Push:
                 failed = True
                 break
         if not failed:
-            err = transaction(self.gitdir, self.ctx.env, upd)
+            err = self._commit(upd)
             if err:
                 yield self.msgs.error(err)
                 reported, failed = "atomic transaction failed", True
@@ -272,7 +283,28 @@ class Push:
                 if s.error is None:
                     s.error = reported
 
-    def _update(self, s: CommandState, upd: list[RefUpdate]) -> Generator[bytes, None, Optional[str]]:
+    def _commit(self, upd: list[RefChange]) -> Optional[str]:
+        introduced: set[str] = set()
+        for c in upd:
+            if c.new != ZERO:
+                introduced.update(intake.reachable_new(self.new_commits, c.new))
+        meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
+        return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log)
+
+    def _fast_forward(self, old: str, new: str) -> bool:
+        if old == ZERO or new == ZERO:
+            return False
+        known = intake.fast_forward(self.new_commits, old, new)
+        if known is not None:
+            return known
+        if (old, new) not in self.ff_known:
+            if self.types.get(old) != "commit" or self.types.get(new) != "commit":
+                self.ff_known[(old, new)] = False
+            else:
+                self.ff_known[(old, new)] = intake.is_ancestor(self.gitdir, self.ctx.env, old, new)
+        return self.ff_known[(old, new)]
+
+    def _update(self, s: CommandState, upd: list[RefChange]) -> Generator[bytes, None, Optional[str]]:
         """update(): the checks of one command, its update hook, and its queued ref change."""
         m = self.msgs
         c = s.cmd
@@ -315,7 +347,7 @@ class Push:
             if self.types.get(c.old) != "commit" or self.types.get(c.new) != "commit":
                 self.ctx.log.append(f"error: bad sha1 objects for {name}\n")
                 return "bad ref"
-            if not intake.is_ancestor(self.gitdir, self.ctx.env, c.old, c.new):
+            if not self._fast_forward(c.old, c.new):
                 yield m.error(f"denying non-fast-forward {name} (you should pull first)")
                 return "non-fast-forward"
         rc = yield from self._relay(self.hooks.run("update", [name, c.old, c.new], self.ctx.env, idle=self.idle))
@@ -335,7 +367,8 @@ class Push:
                 else:
                     yield m.warning("deleting a non-existent ref")
                     s.did_not_exist = True
-            upd.append(RefUpdate(full, ZERO, old))
+            upd.append(RefChange(full, old, ZERO))
         else:
-            upd.append(RefUpdate(full, c.new, c.old))
+            otype, peeled = self.info.get(c.new, (None, None))
+            upd.append(RefChange(full, c.old, c.new, self._fast_forward(c.old, c.new), otype, peeled))
         return None

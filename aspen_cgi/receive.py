@@ -43,7 +43,7 @@ def advertise_lines(ctx) -> list[tuple[str, str]]:
     alternates' tips as `.have` (each object once)."""
     hidden = HiddenRefs.from_config(ctx.config, "receive")
     prefix = ""
-    snap = read_refs(ctx.gitdir, ctx.env, None)
+    snap = ctx.snapshot(None)
     if ctx.namespace:
         from .refs import namespace_prefix
         prefix = namespace_prefix(ctx.namespace)

@@ -88,7 +88,7 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
     # %(symref) already does, HEAD read from its file is one hop: resolve both here
     links = {name: symref for name, _, symref in rows if symref}
     rows = [(name, oid, _resolve(links, symref) if symref else None) for name, oid, symref in rows]
-    info = _object_info(gitdir, cenv, sorted({oid for _, oid, _ in rows}))
+    info = object_info(gitdir, cenv, sorted({oid for _, oid, _ in rows}))
     refs = []
     for name, oid, symref in rows:
         otype, peeled = info.get(oid, ("missing", None))
@@ -106,7 +106,7 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
         if ref is not None:
             head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
     elif direct:
-        dtype, dpeeled = _object_info(gitdir, cenv, [direct]).get(direct, ("missing", None))
+        dtype, dpeeled = object_info(gitdir, cenv, [direct]).get(direct, ("missing", None))
         head = Ref("HEAD", direct, dpeeled if dtype == "tag" else None, None, dtype == "missing")
     return RefSnapshot(tuple(refs), head, target, prefix)
 
@@ -119,7 +119,7 @@ def _resolve(links: Mapping[str, str], target: str) -> str:
     return target
 
 
-def _object_info(gitdir: str, env, oids: Sequence[str]) -> dict[str, tuple[str, Optional[str]]]:
+def object_info(gitdir: str, env, oids: Sequence[str]) -> dict[str, tuple[str, Optional[str]]]:
     """oid -> (type or "missing", fully peeled oid or None), in one cat-file run."""
     if not oids:
         return {}

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
 from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
-from .refs import HiddenRefs, RefSnapshot, read_refs, shallow_roots
+from .refs import HiddenRefs, RefSnapshot, shallow_roots
 from .repoconfig import ConfigError, parse_bool
 
 
@@ -64,7 +64,7 @@ def _hidden(ctx):
 
 
 def _snapshot(ctx) -> RefSnapshot:
-    return read_refs(ctx.gitdir, ctx.env, ctx.namespace)
+    return ctx.snapshot(ctx.namespace)
 
 
 def advertise(ctx) -> Iterator[bytes]:

@@ -32,10 +32,24 @@ class ServiceContext:
     namespace: Optional[str]
     log: list[str]
     trace: dict = field(default_factory=dict)
+    _store: object = field(default=None, repr=False)
+    _store_opened: bool = field(default=False, repr=False)
 
     @property
     def gitdir(self) -> str:
         return self.repo.gitdir
+
+    def refstore(self):
+        """The repository's ref store, brought up to the disk (once per request), or None."""
+        if not self._store_opened:
+            self._store_opened = True
+            from .. import refview
+            self._store = refview.open_store(self.gitdir, self.env, self.log)
+        return self._store
+
+    def snapshot(self, namespace: Optional[str] = None) -> "refs_mod.RefSnapshot":
+        from .. import refview
+        return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
 
 
 def protocol_version(value: Optional[str]) -> int:
@@ -167,7 +181,7 @@ def _handle(req: Request) -> Response:
     trace = {"repo": repo.path}
 
     def snapshot() -> refs_mod.RefSnapshot:
-        return refs_mod.read_refs(repo.gitdir, cenv, namespace)
+        return ServiceContext(repo, config, cenv, 0, namespace, []).snapshot(namespace)
 
     if handler == "head":
         _getanyfile(config, [])

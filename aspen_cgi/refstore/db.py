@@ -1,0 +1,323 @@
+"""Every line of SQL Aspen runs. Nothing else imports sqlite3.
+
+The file is in WAL mode; writers take the write lock up front (BEGIN
+IMMEDIATE) and wait for it within a bound, retrying the whole transaction
+when SQLite still reports the database busy, so contention is a wait and
+never an error a client sees. Schema changes are numbered migrations made
+with sqlite-utils and recorded in PRAGMA user_version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
+
+from .model import StoredRef, Update, Version
+
+SCHEMA_VERSION = 1
+BUSY_MS = 20000          # one wait for the write lock
+RETRY_SECONDS = 120.0    # total patience before a busy database becomes an error
+
+T = TypeVar("T")
+Conn = sqlite3.Connection
+Error = sqlite3.Error
+
+
+class Busy(Exception):
+    """The database stayed locked past RETRY_SECONDS."""
+
+
+def connect(path: str) -> Conn:
+    conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+    conn.execute("PRAGMA synchronous=NORMAL")   # WAL: a commit survives kill -9 of the process
+    if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+        _migrate(conn)
+    return conn
+
+
+# -- migrations ---------------------------------------------------------------------
+
+def _m1(db) -> None:
+    db.conn.execute("PRAGMA journal_mode=WAL")
+    db["versions"].create({"id": int, "kind": str, "who": str, "at": float, "push_id": str,
+                           "state": str, "owner": str}, pk="id", not_null={"kind", "at", "state"})
+    db["versions"].create_index(["state"])
+    db["updates"].create({"version": int, "ref": str, "old": str, "new": str, "ff": int,
+                          "type": str, "peeled": str}, pk=("ref", "version"),
+                         not_null={"version", "ref", "old", "new", "ff"})
+    db["updates"].create_index(["version"])
+    db["tips"].create({"commit_oid": str, "version": int, "ref": str}, pk=("commit_oid", "version", "ref"))
+    db["introduced"].create({"version": int, "commit_oid": str}, pk=("version", "commit_oid"))
+    db["introduced"].create_index(["commit_oid"])
+    db["refs"].create({"name": str, "oid": str, "symref": str, "type": str, "peeled": str, "version": int},
+                      pk="name")
+    db["segments"].create({"level": int, "idx": int, "lo": int, "hi": int, "refs": int}, pk=("level", "idx"))
+    db["segment_refs"].create({"level": int, "idx": int, "ref": str, "first_old": str, "last_new": str,
+                               "all_ff": int}, pk=("level", "idx", "ref"))
+    db["state"].create({"key": str, "value": str}, pk="key")
+
+
+MIGRATIONS: list[Callable] = [_m1]
+
+
+def _migrate(conn: Conn) -> None:
+    import sqlite_utils   # heavy (it imports numpy when present): only when a schema is created or moved
+
+    def run() -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            db = sqlite_utils.Database(conn)
+            for n in range(current, SCHEMA_VERSION):
+                MIGRATIONS[n](db)
+                conn.execute(f"PRAGMA user_version={n + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    conn.execute("PRAGMA journal_mode=WAL")
+    _retry(run)
+
+
+# -- transactions ---------------------------------------------------------------------
+
+def _retry(fn: Callable[[], T]) -> T:
+    deadline = time.monotonic() + RETRY_SECONDS
+    delay = 0.005
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e):
+                raise
+            if time.monotonic() > deadline:
+                raise Busy(str(e)) from e
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
+def write(conn: Conn, fn: Callable[[Conn], T]) -> T:
+    """Run FN(conn) inside one write transaction, retried as a whole while busy."""
+    def run() -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(conn)
+            conn.execute("COMMIT")
+            return out
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return _retry(run)
+
+
+@contextmanager
+def reading(conn: Conn) -> Iterator[Conn]:
+    """One consistent read snapshot."""
+    _retry(lambda: conn.execute("BEGIN"))
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+
+
+# -- state ------------------------------------------------------------------------------
+
+def latest_version(conn: Conn) -> int:
+    return conn.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0]
+
+
+def get_state(conn: Conn, key: str) -> Optional[str]:
+    row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def set_state(conn: Conn, key: str, value: Optional[str]) -> None:
+    if value is None:
+        conn.execute("DELETE FROM state WHERE key = ?", (key,))
+    else:
+        conn.execute("INSERT INTO state(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                      (key, value))
+
+
+def head(conn: Conn) -> tuple[int, Optional[str], int]:
+    """(latest version, stored fingerprint, pending versions) in one query."""
+    row = conn.execute("SELECT (SELECT coalesce(max(id), 0) FROM versions),"
+                       " (SELECT value FROM state WHERE key = 'fingerprint'),"
+                       " (SELECT count(*) FROM versions WHERE state = 'pending')").fetchone()
+    return row[0], row[1], row[2]
+
+
+# -- refs ---------------------------------------------------------------------------------
+
+def all_refs(conn: Conn) -> list[StoredRef]:
+    return [StoredRef(n, o, s, t, p) for n, o, s, t, p in
+            conn.execute("SELECT name, oid, symref, type, peeled FROM refs ORDER BY name")]
+
+
+def refs_named(conn: Conn, names: Sequence[str]) -> dict[str, StoredRef]:
+    out = {}
+    for i in range(0, len(names), 500):
+        part = list(names[i:i + 500])
+        q = "SELECT name, oid, symref, type, peeled FROM refs WHERE name IN (%s)" % ",".join("?" * len(part))
+        for n, o, s, t, p in conn.execute(q, part):
+            out[n] = StoredRef(n, o, s, t, p)
+    return out
+
+
+def put_refs(conn: Conn, rows: Iterable[StoredRef], version: int) -> None:
+    conn.executemany("INSERT INTO refs(name, oid, symref, type, peeled, version) VALUES (?, ?, ?, ?, ?, ?)"
+                     " ON CONFLICT(name) DO UPDATE SET oid = excluded.oid, symref = excluded.symref,"
+                     " type = excluded.type, peeled = excluded.peeled, version = excluded.version",
+                     [(r.name, r.oid, r.symref, r.otype, r.peeled, version) for r in rows])
+
+
+def delete_refs(conn: Conn, names: Iterable[str]) -> None:
+    conn.executemany("DELETE FROM refs WHERE name = ?", [(n,) for n in names])
+
+
+# -- versions ---------------------------------------------------------------------------------
+
+def insert_version(conn: Conn, kind: str, who: Optional[str], at: float, push_id: Optional[str],
+                   state: str, owner: Optional[str]) -> int:
+    cur = conn.execute("INSERT INTO versions(kind, who, at, push_id, state, owner) VALUES (?, ?, ?, ?, ?, ?)",
+                       (kind, who, at, push_id, state, owner))
+    return cur.lastrowid
+
+
+def insert_updates(conn: Conn, version: int, rows: Iterable[tuple[str, str, str, bool, Optional[str], Optional[str]]]) -> None:
+    """ROWS: (ref, old, new, ff, type of new, peeled new)."""
+    conn.executemany("INSERT INTO updates(version, ref, old, new, ff, type, peeled) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     [(version, r, o, n, int(f), t, p) for r, o, n, f, t, p in rows])
+
+
+def insert_tips(conn: Conn, version: int, rows: Iterable[tuple[str, str]]) -> None:
+    """ROWS: (commit or object id, ref)."""
+    conn.executemany("INSERT OR IGNORE INTO tips(commit_oid, version, ref) VALUES (?, ?, ?)",
+                     [(c, version, r) for c, r in rows])
+
+
+def insert_introduced(conn: Conn, version: int, commits: Iterable[str]) -> None:
+    conn.executemany("INSERT OR IGNORE INTO introduced(version, commit_oid) VALUES (?, ?)",
+                     [(version, c) for c in commits])
+
+
+def pending_versions(conn: Conn) -> list[tuple[int, Optional[str]]]:
+    return list(conn.execute("SELECT id, owner FROM versions WHERE state = 'pending' ORDER BY id"))
+
+
+def version_updates(conn: Conn, version: int) -> list[tuple[str, str, str, int, Optional[str], Optional[str]]]:
+    return list(conn.execute("SELECT ref, old, new, ff, type, peeled FROM updates WHERE version = ? ORDER BY ref",
+                             (version,)))
+
+
+def mark_done(conn: Conn, version: int) -> bool:
+    return conn.execute("UPDATE versions SET state = 'done', owner = NULL WHERE id = ? AND state = 'pending'",
+                        (version,)).rowcount == 1
+
+
+def versions_desc(conn: Conn, limit: Optional[int], before: Optional[int] = None) -> list[Version]:
+    q = "SELECT id, kind, who, at, push_id, state FROM versions"
+    args: list = []
+    if before is not None:
+        q += " WHERE id < ?"
+        args.append(before)
+    q += " ORDER BY id DESC"
+    if limit is not None:
+        q += " LIMIT ?"
+        args.append(limit)
+    rows = list(conn.execute(q, args))
+    out = []
+    for vid, kind, who, at, push_id, state in rows:
+        ups = tuple(Update(r, o, n, bool(f)) for r, o, n, f, _, _ in version_updates(conn, vid))
+        out.append(Version(vid, kind, who, at, push_id, state, ups))
+    return out
+
+
+def count_versions(conn: Conn) -> int:
+    return conn.execute("SELECT count(*) FROM versions").fetchone()[0]
+
+
+# -- history queries ---------------------------------------------------------------------------
+
+def value_at(conn: Conn, ref: str, version: int) -> Optional[str]:
+    """The value of REF after VERSION (None if it did not exist)."""
+    row = conn.execute("SELECT new FROM updates WHERE ref = ? AND version <= ? ORDER BY version DESC LIMIT 1",
+                       (ref, version)).fetchone()
+    if row is None or row[0] == "0" * 40:
+        return None
+    return row[0]
+
+
+def update_ff(conn: Conn, ref: str, version: int) -> Optional[bool]:
+    """The ff flag of REF's update in VERSION, None when VERSION left REF alone."""
+    row = conn.execute("SELECT ff FROM updates WHERE ref = ? AND version = ?", (ref, version)).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def segment_ff(conn: Conn, level: int, idx: int, ref: str) -> Optional[bool]:
+    row = conn.execute("SELECT all_ff FROM segment_refs WHERE level = ? AND idx = ? AND ref = ?",
+                       (level, idx, ref)).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def tips_of(conn: Conn, commit: str) -> list[tuple[int, str]]:
+    return list(conn.execute("SELECT version, ref FROM tips WHERE commit_oid = ? ORDER BY version, ref", (commit,)))
+
+
+def introduced_by(conn: Conn, commit: str) -> list[int]:
+    return [v for (v,) in conn.execute("SELECT version FROM introduced WHERE commit_oid = ? ORDER BY version",
+                                       (commit,))]
+
+
+# -- segments -----------------------------------------------------------------------------------
+
+def segment_summary(conn: Conn, level: int, idx: int, lo: int, hi: int) -> dict[str, tuple[str, str, bool]]:
+    """ref -> (first old, last new, all fast-forward) over versions LO … HI."""
+    if level == 0:
+        rows = conn.execute("SELECT ref, old, new, ff FROM updates WHERE version = ?", (lo,))
+        return {r: (o, n, bool(f)) for r, o, n, f in rows}
+    rows = conn.execute("SELECT ref, first_old, last_new, all_ff FROM segment_refs WHERE level = ? AND idx = ?",
+                        (level, idx))
+    return {r: (o, n, bool(f)) for r, o, n, f in rows}
+
+
+def insert_segment(conn: Conn, level: int, idx: int, lo: int, hi: int,
+                   summary: dict[str, tuple[str, str, bool]]) -> None:
+    conn.execute("INSERT OR REPLACE INTO segments(level, idx, lo, hi, refs) VALUES (?, ?, ?, ?, ?)",
+                 (level, idx, lo, hi, len(summary)))
+    conn.execute("DELETE FROM segment_refs WHERE level = ? AND idx = ?", (level, idx))
+    conn.executemany("INSERT INTO segment_refs(level, idx, ref, first_old, last_new, all_ff) VALUES (?, ?, ?, ?, ?, ?)",
+                     [(level, idx, r, o, n, int(f)) for r, (o, n, f) in summary.items()])
+
+
+def segment_counts(conn: Conn) -> tuple[int, int, int]:
+    """(segments, segment rows, highest level)."""
+    row = conn.execute("SELECT count(*), coalesce(sum(refs), 0), coalesce(max(level), 0) FROM segments").fetchone()
+    return row[0], row[1], row[2]
+
+
+def checkpoint(conn: Conn) -> None:
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("PRAGMA optimize")
+
+
+def integrity(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("PRAGMA quick_check") if r[0] != "ok"]
+
+
+def replay_refs(conn: Conn) -> dict[str, str]:
+    """The direct refs as the updates of all done versions leave them."""
+    out: dict[str, str] = {}
+    rows = conn.execute("SELECT u.ref, u.new FROM updates u JOIN versions v ON v.id = u.version"
+                        " WHERE v.state = 'done' ORDER BY u.version")
+    for ref, new in rows:
+        if new == "0" * 40:
+            out.pop(ref, None)
+        else:
+            out[ref] = new
+    return out

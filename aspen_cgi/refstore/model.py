@@ -1,0 +1,114 @@
+"""Typed objects the ref store hands across module boundaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+ZERO = "0" * 40
+
+KINDS = ("import", "push", "external")
+
+
+@dataclass(frozen=True)
+class RefChange:
+    """One ref update a writer asks for: CAS on OLD (None: no check; ZERO: must
+    not exist), NEW (ZERO: delete), and what is known of the new value."""
+    ref: str
+    old: Optional[str]
+    new: str
+    ff: bool = False                 # OLD is an ancestor of NEW (False when unknown)
+    otype: Optional[str] = None      # object type of NEW
+    peeled: Optional[str] = None     # NEW fully peeled, when NEW is a tag
+
+
+@dataclass(frozen=True)
+class VersionMeta:
+    kind: str = "push"
+    who: Optional[str] = None
+    push_id: Optional[str] = None
+    introduced: tuple[str, ...] = ()   # commits this version made reachable
+
+
+@dataclass(frozen=True)
+class Update:
+    ref: str
+    old: str
+    new: str
+    ff: bool
+
+
+@dataclass(frozen=True)
+class Version:
+    id: int
+    kind: str
+    who: Optional[str]
+    at: float
+    push_id: Optional[str]
+    state: str
+    updates: tuple[Update, ...] = ()
+
+
+@dataclass(frozen=True)
+class StoredRef:
+    """A ref as the store holds it: a value (with type and peeled target) or a
+    symbolic ref naming another ref."""
+    name: str
+    oid: Optional[str]
+    symref: Optional[str] = None
+    otype: Optional[str] = None
+    peeled: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Visits:
+    versions: int = 0
+    segments: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.versions + self.segments
+
+
+@dataclass(frozen=True)
+class AncestryAnswer:
+    """Whether the value of REF at version J is an ancestor of (or equal to) its
+    value at version K, as proved by fast-forward flags alone."""
+    ref: str
+    j: int
+    k: int
+    ancestor: bool
+    value_j: Optional[str]
+    value_k: Optional[str]
+    visits: Visits
+
+
+@dataclass(frozen=True)
+class TipAnswer:
+    commit: str
+    tips: tuple[tuple[int, str], ...]   # (version, ref), oldest first
+    visits: Visits
+
+    @property
+    def first(self) -> Optional[tuple[int, str]]:
+        return self.tips[0] if self.tips else None
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    versions: int
+    nodes_built: int
+    segments: int
+    segment_rows: int
+    levels: int
+
+
+@dataclass
+class VerifyReport:
+    versions: int = 0
+    refs: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems

@@ -1,0 +1,564 @@
+"""RefStore: one repository's versions, kept in step with its refs on disk.
+
+- `sync()` runs before a request reads refs: it imports the repository on
+  first use, finishes pushes whose writer died, and records changes made
+  outside Aspen (noticed by the ref files' fingerprint) as `external` versions.
+- `snapshot()` is the advertisement's view, one query, cached in process by
+  (latest version, pending versions).
+- `commit()` is a push: git locks and checks every old value on disk, the
+  version is committed to the store (pending), git renames the locks into
+  place, and the version is marked done and compacted.
+- `is_ancestor()` and `tips()` are the planner's history questions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+from .. import refs as refs_mod
+from . import db, diskrefs, fingerprint, segments
+from .model import (ZERO, AncestryAnswer, CompactReport, RefChange, StoredRef, TipAnswer, Version, VersionMeta,
+                    VerifyReport, Visits)
+
+STATE_DIR_ENV = "ASPEN_STATE_DIR"     # keep the store outside read-only repositories
+DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no store
+
+# Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
+FAULT_ENV = "ASPEN_FAULT"
+
+_local = threading.local()
+_snapshots: dict[str, tuple[tuple[int, int], list[StoredRef]]] = {}
+_inflight: set[tuple[str, int]] = set()
+_lock = threading.Lock()
+
+
+def fault(point: str, env: Mapping[str, str]) -> None:
+    """Tests only: with ASPEN_FAULT=POINT the process kills itself (SIGKILL)
+    here; with ASPEN_FAULT_ONCE=FILE as well, only while FILE exists (it is
+    removed first), so a restarted worker runs clean."""
+    if (env.get(FAULT_ENV) or os.environ.get(FAULT_ENV)) != point:
+        return
+    once = env.get(FAULT_ENV + "_ONCE") or os.environ.get(FAULT_ENV + "_ONCE")
+    if once:
+        try:
+            os.unlink(once)
+        except OSError:
+            return
+    os.kill(os.getpid(), 9)
+
+
+def state_dir(gitdir: str, env: Mapping[str, str]) -> str:
+    base = env.get(STATE_DIR_ENV) or os.environ.get(STATE_DIR_ENV)
+    if base:
+        return os.path.join(base, os.path.realpath(gitdir).lstrip("/"))
+    return os.path.join(gitdir, "aspen")
+
+
+def _start_time(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return data[data.rindex(b")") + 2:].split()[19].decode()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owner_id() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or '-'}"
+
+
+def owner_alive(owner: Optional[str]) -> bool:
+    if not owner:
+        return False
+    try:
+        host, pid_s, start = owner.rsplit(":", 2)
+        pid = int(pid_s)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return True     # another host's writer: not ours to judge
+    if start != "-":
+        return _start_time(pid) == start
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _connection(path: str) -> db.Conn:
+    """One connection per thread and file, dropped after a fork."""
+    conns = getattr(_local, "conns", None)
+    if conns is None or getattr(_local, "pid", None) != os.getpid():
+        conns = _local.conns = {}
+        _local.pid = os.getpid()
+    conn = conns.get(path)
+    if conn is None:
+        conn = conns[path] = db.connect(path)
+    return conn
+
+
+class RefStore:
+    def __init__(self, gitdir: str, env: Mapping[str, str], conn: db.Conn, path: str):
+        self.gitdir = gitdir
+        self.env = env
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
+        """The repository's store, or None when the store is turned off or
+        cannot be kept here (read-only repository without ASPEN_STATE_DIR)."""
+        if (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0":
+            return None
+        sdir = state_dir(gitdir, env)
+        path = os.path.join(sdir, "aspen.sqlite3")
+        try:
+            if not os.path.isdir(sdir):
+                if not create:
+                    return None
+                os.makedirs(sdir, exist_ok=True)
+            return cls(gitdir, env, _connection(path), path)
+        except (OSError, db.Error):
+            return None
+
+    # -- keeping in step with the disk -------------------------------------------------------
+
+    def sync(self) -> int:
+        """Bring the store up to the refs on disk; the latest version id."""
+        latest, stored_fp, pending = db.head(self.conn)
+        if latest == 0:
+            return self._import()
+        if pending:
+            self.recover()
+        fp = fingerprint.take(self.gitdir)
+        if fp.trusted and fp.digest == stored_fp:
+            return latest
+        return self._sync_disk(fp, stored_fp)
+
+    def _import(self) -> int:
+        def tx(conn: db.Conn) -> int:
+            if db.latest_version(conn):
+                return db.latest_version(conn)
+            fp = fingerprint.take(self.gitdir)
+            rows = _read_git(self.gitdir, self.env)
+            v = db.insert_version(conn, "import", None, time.time(), None, "done", None)
+            direct = [r for r in rows if r.symref is None]
+            db.insert_updates(conn, v, [(r.name, ZERO, r.oid, False, r.otype, r.peeled) for r in direct])
+            db.insert_tips(conn, v, _tip_rows(direct))
+            db.put_refs(conn, rows, v)
+            db.set_state(conn, "fingerprint", fp.digest if fp.trusted else None)
+            db.set_state(conn, "compacted_through", "1")
+            return v
+        return db.write(self.conn, tx)
+
+    def _pending_refs(self, conn: db.Conn) -> set[str]:
+        names: set[str] = set()
+        for vid, owner in db.pending_versions(conn):
+            names.update(r for r, *_ in db.version_updates(conn, vid))
+        return names
+
+    def _sync_disk(self, fp: fingerprint.Fingerprint, stored_fp: Optional[str]) -> int:
+        disk = diskrefs.read_all(self.gitdir)
+        stored = {r.name: r for r in self._stored_rows()}
+        if _same(disk, stored, self._pending_refs(self.conn)):
+            value = fp.digest if fp.trusted else None
+            if value is None and stored_fp is None:
+                return db.latest_version(self.conn)
+
+            def note(conn: db.Conn) -> int:
+                db.set_state(conn, "fingerprint", value)
+                return db.latest_version(conn)
+            return db.write(self.conn, note)
+        rows = {r.name: r for r in _read_git(self.gitdir, self.env)}
+
+        def tx(conn: db.Conn) -> int:
+            skip = self._pending_refs(conn)
+            current = {r.name: r for r in db.all_refs(conn)}
+            changed = [r for n, r in rows.items() if n not in skip and current.get(n) != r]
+            gone = [n for n in current if n not in rows and n not in skip]
+            if changed or gone:
+                v = db.insert_version(conn, "external", None, time.time(), None, "done", None)
+                ups = []
+                for r in changed:
+                    if r.symref is None:
+                        before = current.get(r.name)
+                        old = before.oid if before is not None and before.symref is None else ZERO
+                        ups.append((r.name, old or ZERO, r.oid, False, r.otype, r.peeled))
+                for n in gone:
+                    if current[n].symref is None:
+                        ups.append((n, current[n].oid, ZERO, False, None, None))
+                db.insert_updates(conn, v, ups)
+                db.insert_tips(conn, v, _tip_rows([r for r in changed if r.symref is None]))
+                db.put_refs(conn, changed, v)
+                db.delete_refs(conn, gone)
+                self._compact(conn)
+            db.set_state(conn, "fingerprint", fp.digest if fp.trusted else None)
+            return db.latest_version(conn)
+        return db.write(self.conn, tx)
+
+    def recover(self) -> int:
+        """Finish pending versions whose writer is gone: roll each ref forward
+        when the disk still holds its old value, void it when the disk moved on.
+        Returns the number of versions finished."""
+        done = 0
+        for vid, owner in db.pending_versions(self.conn):
+            if (self.path, vid) in _inflight or owner_alive(owner):
+                continue
+            me = owner_id()
+
+            def claim(conn: db.Conn, vid=vid, owner=owner) -> bool:
+                return conn.execute("UPDATE versions SET owner = ? WHERE id = ? AND state = 'pending' AND owner IS ?",
+                                    (me, vid, owner)).rowcount == 1
+            if not db.write(self.conn, claim):
+                continue
+            ups = db.version_updates(self.conn, vid)
+            disk = diskrefs.read_some(self.gitdir, [r for r, *_ in ups])
+            forward, void = [], []
+            for ref, old, new, ff, otype, peeled in ups:
+                have = disk.get(ref)
+                value = have.oid if have is not None and have.symref is None else (None if have else ZERO)
+                if value == new:
+                    continue
+                if value == old:
+                    forward.append(RefChange(ref, old, new))
+                else:
+                    void.append(ref)
+            if forward and diskrefs.apply(self.gitdir, self.env, forward, "push (recovered by aspen)"):
+                void += [c.ref for c in forward]
+            self._finish(vid, void)
+            done += 1
+        return done
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _stored_rows(self) -> list[StoredRef]:
+        latest, _, pending = db.head(self.conn)
+        key = (latest, pending)
+        with _lock:
+            hit = _snapshots.get(self.path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        with db.reading(self.conn) as conn:
+            latest, _, pending = db.head(conn)
+            rows = db.all_refs(conn)
+        with _lock:
+            _snapshots[self.path] = ((latest, pending), rows)
+        return rows
+
+    def snapshot(self, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
+        """The refs as the advertisements need them (stock's for-each-ref view)."""
+        return _to_snapshot(self._stored_rows(), self.gitdir, self.env, namespace)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def commit(self, changes: Sequence[RefChange], meta: VersionMeta) -> Optional[str]:
+        """Apply CHANGES all or nothing as one version; git's error text or None."""
+        if not changes:
+            return None
+        tx = diskrefs.UpdateRef(self.gitdir, self.env)
+        try:
+            err = tx.prepare(changes)
+            if err:
+                return err
+            vid = db.write(self.conn, lambda conn: self._insert(conn, changes, meta))
+            _inflight.add((self.path, vid))
+            try:
+                fault("store-committed", self.env)
+                err = tx.commit()
+                if err:
+                    self._finish(vid, [c.ref for c in changes])
+                    return err
+                fault("disk-written", self.env)
+                self._finish(vid, [])
+            finally:
+                _inflight.discard((self.path, vid))
+            return None
+        finally:
+            tx.close()
+
+    def _insert(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta) -> int:
+        vid = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "pending", owner_id())
+        current = db.refs_named(conn, [c.ref for c in changes])
+        rows = []
+        for c in changes:
+            old = c.old
+            if old is None:   # no CAS asked (deleting a corrupt ref): the store's view
+                cur = current.get(c.ref)
+                old = cur.oid if cur is not None and cur.oid else ZERO
+            rows.append((c.ref, old, c.new, c.ff and old != ZERO and c.new != ZERO, c.otype, c.peeled))
+        db.insert_updates(conn, vid, rows)
+        db.insert_tips(conn, vid, [(c.new, c.ref) for c in changes if c.new != ZERO]
+                       + [(c.peeled, c.ref) for c in changes if c.peeled and c.new != ZERO])
+        db.insert_introduced(conn, vid, meta.introduced)
+        return vid
+
+    def _finish(self, vid: int, void: Sequence[str]) -> None:
+        """Mark VID done (its VOID refs never changed on disk: their updates
+        become no-ops), apply it to the current refs, and compact."""
+        def tx(conn: db.Conn) -> None:
+            for ref in void:
+                conn.execute("UPDATE updates SET new = old, ff = 1 WHERE version = ? AND ref = ?", (vid, ref))
+            if not db.mark_done(conn, vid):
+                return
+            for ref, old, new, ff, otype, peeled in db.version_updates(conn, vid):
+                latest = conn.execute(
+                    "SELECT u.new, u.type, u.peeled, u.version FROM updates u JOIN versions v ON v.id = u.version"
+                    " WHERE u.ref = ? AND v.state = 'done' ORDER BY u.version DESC LIMIT 1", (ref,)).fetchone()
+                if latest is None or latest[0] == ZERO:
+                    db.delete_refs(conn, [ref])
+                else:
+                    db.put_refs(conn, [StoredRef(ref, latest[0], None, latest[1], latest[2])], latest[3])
+            self._compact(conn)
+        db.write(self.conn, tx)
+
+    # -- compaction ------------------------------------------------------------------------------
+
+    def _compact(self, conn: db.Conn) -> int:
+        """Build every segment node that the versions so far complete."""
+        through = int(db.get_state(conn, "compacted_through") or "0")
+        latest = db.latest_version(conn)
+        built = 0
+        for v in range(through + 1, latest + 1):
+            for level, idx in segments.nodes_ending_at(v):
+                lo, hi = segments.span(level, idx)
+                left = db.segment_summary(conn, level - 1, 2 * idx, *segments.span(level - 1, 2 * idx))
+                right = db.segment_summary(conn, level - 1, 2 * idx + 1, *segments.span(level - 1, 2 * idx + 1))
+                merged = dict(left)
+                for ref, (o, n, f) in right.items():
+                    if ref in merged:
+                        o0, _, f0 = merged[ref]
+                        merged[ref] = (o0, n, f0 and f)
+                    else:
+                        merged[ref] = (o, n, f)
+                db.insert_segment(conn, level, idx, lo, hi, merged)
+                built += 1
+        if latest > through:
+            db.set_state(conn, "compacted_through", str(latest))
+        return built
+
+    def compact(self) -> CompactReport:
+        self.sync()
+        built = db.write(self.conn, self._compact)
+        db.checkpoint(self.conn)
+        n = db.count_versions(self.conn)
+        segs, rows, top = db.segment_counts(self.conn)
+        return CompactReport(n, built, segs, rows, top)
+
+    # -- history queries ------------------------------------------------------------------------
+
+    def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer:
+        """Is the value of REF after version J an ancestor of (or equal to) its
+        value after version K (J <= K), proved from fast-forward flags alone."""
+        with db.reading(self.conn) as conn:
+            through = int(db.get_state(conn, "compacted_through") or "0")
+            vj, vk = db.value_at(conn, ref, j), db.value_at(conn, ref, k)
+            nv = ns = 0
+            ok = vj is not None and vk is not None and j <= k
+            if ok:
+                for level, idx in segments.cover(j + 1, k, through):
+                    if level == 0:
+                        nv += 1
+                        flag = db.update_ff(conn, ref, idx + 1)
+                    else:
+                        ns += 1
+                        flag = db.segment_ff(conn, level, idx, ref)
+                    if flag is False:
+                        ok = False
+                        break
+        return AncestryAnswer(ref, j, k, ok, vj, vk, Visits(nv, ns))
+
+    def tips(self, commit: str) -> TipAnswer:
+        """Which versions made COMMIT the value of which refs (oldest first)."""
+        rows = db.tips_of(self.conn, commit)
+        return TipAnswer(commit, tuple(rows), Visits(1, 0))
+
+    def introduced_by(self, commit: str) -> list[int]:
+        return db.introduced_by(self.conn, commit)
+
+    def latest(self) -> int:
+        return db.latest_version(self.conn)
+
+    def log(self, limit: Optional[int] = None) -> Iterator[Version]:
+        before = None
+        while True:
+            batch = db.versions_desc(self.conn, 200 if limit is None else min(200, limit), before)
+            for v in batch:
+                yield v
+                if limit is not None:
+                    limit -= 1
+                    if limit <= 0:
+                        return
+            if len(batch) < 200:
+                return
+            before = batch[-1].id
+
+    # -- verification -----------------------------------------------------------------------------
+
+    def verify(self, progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
+        """The store against itself, against the refs on disk, and against the
+        object store (every stored value exists; every ref is connected)."""
+        rep = VerifyReport()
+        rep.problems += [f"sqlite: {p}" for p in db.integrity(self.conn)]
+        with db.reading(self.conn) as conn:
+            rep.versions = db.count_versions(conn)
+            pending = db.pending_versions(conn)
+            rows = db.all_refs(conn)
+            replay = db.replay_refs(conn)
+        rep.refs = len(rows)
+        for vid, owner in pending:
+            rep.problems.append(f"version {vid} is pending (writer {owner}, "
+                                f"{'alive' if owner_alive(owner) else 'gone'})")
+        stored = {r.name: r for r in rows}
+        direct = {n: r.oid for n, r in stored.items() if r.symref is None}
+        if replay != direct:
+            for n in sorted(set(replay) | set(direct)):
+                if replay.get(n) != direct.get(n):
+                    rep.problems.append(f"{n}: versions replay to {replay.get(n)}, current table says {direct.get(n)}")
+        disk = {r.name: r for r in _read_git(self.gitdir, self.env)}
+        for n in sorted(set(disk) | set(stored)):
+            a, b = disk.get(n), stored.get(n)
+            da = (a.oid, a.symref) if a else None
+            db_ = (b.oid, b.symref) if b else None
+            if da != db_:
+                rep.problems.append(f"{n}: disk has {da}, store has {db_}")
+        for r in rows:
+            if r.symref is None and r.otype == "missing":
+                rep.problems.append(f"{r.name}: object {r.oid} is missing")
+        if progress:
+            progress("checking connectivity")
+        tips = sorted({r.oid for r in rows if r.oid})
+        if tips:
+            from .. import gitexec
+            res = gitexec.git(["rev-list", "--objects", "--quiet", "--stdin"], cwd=self.gitdir,
+                              env=dict(self.env), input="".join(t + "\n" for t in tips).encode())
+            if not res.ok:
+                rep.problems.append("objects: not every ref is connected: "
+                                    + res.stderr.decode("utf-8", "replace").strip()[:500])
+        return rep
+
+
+def gitexec_env(env: Mapping[str, str]) -> dict[str, str]:
+    out = dict(env)
+    out["GIT_DIR"] = "."
+    return out
+
+
+def _tip_rows(rows: Sequence[StoredRef]) -> list[tuple[str, str]]:
+    out = []
+    for r in rows:
+        if r.oid:
+            out.append((r.oid, r.name))
+            if r.peeled:
+                out.append((r.peeled, r.name))
+    return out
+
+
+def _read_git(gitdir: str, env: Mapping[str, str]) -> list[StoredRef]:
+    """Every ref under refs/ as git reads it, with types and peeled values."""
+    snap = refs_mod.read_refs(gitdir, {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}, None)
+    out = []
+    for r in snap.refs:
+        if r.symref_target:
+            out.append(StoredRef(r.name, None, r.symref_target))
+        else:
+            otype = "missing" if r.missing else ("tag" if r.peeled else None)
+            out.append(StoredRef(r.name, r.oid, None, otype, r.peeled))
+    return out
+
+
+def _same(disk: Mapping[str, diskrefs.DiskRef], stored: Mapping[str, StoredRef], skip: set[str]) -> bool:
+    dangling = {n for n, r in disk.items() if r.symref and _resolve_disk(disk, n) not in disk}
+    names = (set(disk) - dangling | set(stored)) - skip
+    for n in names:
+        a, b = disk.get(n), stored.get(n)
+        if a is None or b is None:
+            return False
+        if a.symref is not None or b.symref is not None:
+            # stored symrefs name the end of their chain; compare where they lead
+            if _resolve_disk(disk, n) != (_resolve_stored(stored, n)):
+                return False
+        elif a.oid != b.oid:
+            return False
+    return True
+
+
+def _resolve_disk(disk: Mapping[str, diskrefs.DiskRef], name: str) -> Optional[str]:
+    seen = set()
+    while name in disk and disk[name].symref and name not in seen:
+        seen.add(name)
+        name = disk[name].symref
+    return name
+
+
+def _resolve_stored(stored: Mapping[str, StoredRef], name: str) -> Optional[str]:
+    r = stored.get(name)
+    return r.symref if r is not None and r.symref else name
+
+
+def _to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], namespace: Optional[str]) -> refs_mod.RefSnapshot:
+    prefix = refs_mod.namespace_prefix(namespace)
+    by_name = {r.name: r for r in rows}
+    Ref = refs_mod.Ref
+
+    def value(r: StoredRef) -> Optional[StoredRef]:
+        if r.symref is None:
+            return r
+        t = by_name.get(r.symref)
+        return t if t is not None and t.symref is None else None
+
+    out = []
+    for r in rows:
+        name = r.name
+        if prefix:
+            if not name.startswith(prefix):
+                continue
+            name = name[len(prefix):]
+            if name == "HEAD" or not name.startswith("refs/"):
+                continue
+        v = value(r)
+        if v is None:
+            continue
+        target = None
+        if r.symref:
+            target = r.symref
+            if prefix:
+                target = target[len(prefix):] if target.startswith(prefix) else None
+        out.append(Ref(name, v.oid, v.peeled if v.otype == "tag" else None, target, v.otype == "missing"))
+    index = {r.name: r for r in out}
+    head = None
+    if prefix:
+        row = by_name.get(prefix + "HEAD")
+        target = direct = None
+        if row is not None:
+            if row.symref:
+                target = row.symref[len(prefix):] if row.symref.startswith(prefix) else None
+            else:
+                direct = row
+        if target is not None:
+            ref = index.get(target)
+            if ref is not None:
+                head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
+        elif direct is not None:
+            head = Ref("HEAD", direct.oid, direct.peeled if direct.otype == "tag" else None, None,
+                       direct.otype == "missing")
+        return refs_mod.RefSnapshot(tuple(out), head, target, prefix)
+    target, direct_oid = refs_mod._read_head_file(gitdir, "")
+    if target is not None:
+        t = by_name.get(target)
+        if t is not None and t.symref:
+            target = t.symref
+        ref = index.get(target)
+        if ref is not None:
+            head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
+    elif direct_oid:
+        info = refs_mod.object_info(gitdir, gitexec_env(env), [direct_oid]).get(direct_oid, ("missing", None))
+        head = Ref("HEAD", direct_oid, info[1] if info[0] == "tag" else None, None, info[0] == "missing")
+    return refs_mod.RefSnapshot(tuple(out), head, target, prefix)

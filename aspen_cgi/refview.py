@@ -1,0 +1,34 @@
+"""Where services read refs: from the repository's ref store, brought up to
+the disk first, or straight from the disk when there is no store (turned
+off, read-only repository) or it fails."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from .refs import RefSnapshot, read_refs
+from .refstore import db
+from .refstore.store import RefStore
+
+
+def open_store(gitdir: str, env: Mapping[str, str], log: Optional[list] = None) -> Optional[RefStore]:
+    store = RefStore.open(gitdir, env)
+    if store is None:
+        return None
+    try:
+        store.sync()
+    except (db.Error, db.Busy, OSError) as e:
+        if log is not None:
+            log.append(f"aspen: ref store unavailable ({e}); serving refs from disk\n")
+        return None
+    return store
+
+
+def snapshot(store: Optional[RefStore], gitdir: str, env: Mapping[str, str],
+             namespace: Optional[str]) -> RefSnapshot:
+    if store is not None:
+        try:
+            return store.snapshot(namespace)
+        except (db.Error, db.Busy):
+            pass
+    return read_refs(gitdir, env, namespace)
