@@ -11,7 +11,7 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import Generator, Iterator, Optional
 
-from . import deploy, gitexec, intake
+from . import autogc, deploy, gitexec, intake
 from . import pushpolicy as pol
 from .hooks import Hooks
 from .protocol import pktline, push
@@ -142,7 +142,7 @@ class Push:
             env = self._hook_env(req.push_options, quarantine=False)
             yield from self._relay(self.hooks.run("post-receive", [], env, self._hook_input(ok), self.idle))
             yield from self._relay(self.hooks.run("post-update", [s.cmd.ref for s in ok], self.ctx.env, idle=self.idle))
-        if self.policy.auto_gc:
+        if self.policy.auto_gc and autogc.needed(self.gitdir, self.ctx.config):
             res = gitexec.git(["gc", "--auto", "--quiet"], cwd=self.gitdir, env=self.ctx.env)
             yield self.msgs.frame(res.stdout + res.stderr)
         if self.policy.update_server_info:
@@ -203,9 +203,9 @@ class Push:
                         s.error = "unable to migrate objects to permanent storage"
                 return
             self.quarantine = None
-        oids = sorted({o for s in states for o in (s.cmd.new, s.cmd.old) if o != ZERO})
-        self.info = object_info(self.gitdir, self.ctx.env, oids)
-        self.types = {o: t for o, (t, _) in self.info.items() if t != "missing"}
+        self.states = states
+        # new commits are known to exist and to be commits; anything else is asked of git once
+        self.info = {c: ("commit", None) for c in self.new_commits}
         self.worktrees = pol.checked_out(self.gitdir, self.ctx.repo.bare, self.ctx.config)
         self.head_name = pol.head_name(self.gitdir)
         if self.neg.atomic:
@@ -291,6 +291,20 @@ class Push:
         meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
         return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log)
 
+    def _lookup(self, oid: str) -> tuple[str, Optional[str]]:
+        """(type or "missing", peeled) of OID; the first unknown one fetches all the push's unknowns."""
+        if oid not in self.info:
+            unknown = sorted({o for s in self.states for o in (s.cmd.new, s.cmd.old)
+                              if o != ZERO and o not in self.info} | {oid})
+            self.info.update(object_info(self.gitdir, self.ctx.env, unknown))
+            for o in unknown:
+                self.info.setdefault(o, ("missing", None))
+        return self.info[oid]
+
+    def _type(self, oid: str) -> Optional[str]:
+        t = self._lookup(oid)[0]
+        return None if t == "missing" else t
+
     def _fast_forward(self, old: str, new: str) -> bool:
         if old == ZERO or new == ZERO:
             return False
@@ -298,7 +312,7 @@ class Push:
         if known is not None:
             return known
         if (old, new) not in self.ff_known:
-            if self.types.get(old) != "commit" or self.types.get(new) != "commit":
+            if self._type(old) != "commit" or self._type(new) != "commit":
                 self.ff_known[(old, new)] = False
             else:
                 self.ff_known[(old, new)] = intake.is_ancestor(self.gitdir, self.ctx.env, old, new)
@@ -326,7 +340,7 @@ class Push:
                 return "branch is currently checked out"
             elif deny == pol.UPDATE_INSTEAD:
                 update_worktree = True
-        if not c.is_delete and c.new not in self.types:
+        if not c.is_delete and self._type(c.new) is None:
             self.ctx.log.append(f"error: unpack should have generated {c.new}, but I can't find it!\n")
             return "bad pack"
         if c.old != ZERO and c.is_delete:
@@ -344,7 +358,7 @@ class Push:
                     return "deletion of the current branch prohibited"
         if (self.policy.deny_non_fast_forwards and not c.is_delete and not c.is_create
                 and name.startswith("refs/heads/")):
-            if self.types.get(c.old) != "commit" or self.types.get(c.new) != "commit":
+            if self._type(c.old) != "commit" or self._type(c.new) != "commit":
                 self.ctx.log.append(f"error: bad sha1 objects for {name}\n")
                 return "bad ref"
             if not self._fast_forward(c.old, c.new):
@@ -360,7 +374,7 @@ class Push:
                 return err
         if c.is_delete:
             old: Optional[str] = c.old
-            if c.old not in self.types:
+            if self._type(c.old) is None:
                 old = None
                 if intake.ref_exists(self.gitdir, self.ctx.env, full):
                     yield m.warning("allowing deletion of corrupt ref")
@@ -369,6 +383,6 @@ class Push:
                     s.did_not_exist = True
             upd.append(RefChange(full, old, ZERO))
         else:
-            otype, peeled = self.info.get(c.new, (None, None))
+            otype, peeled = self._lookup(c.new)
             upd.append(RefChange(full, c.old, c.new, self._fast_forward(c.old, c.new), otype, peeled))
         return None

@@ -7,10 +7,16 @@ questions with git's own rules for booleans and sizes.
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from . import gitexec
+
+_ENV_KEYS = ("HOME", "XDG_CONFIG_HOME")
+_RACY_NS = 100_000_000
+_cache: dict[tuple, tuple[tuple, "RepoConfig"]] = {}
 
 _TRUE = {"true", "yes", "on", "1", ""}
 _FALSE = {"false", "no", "off", "0"}
@@ -19,6 +25,43 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 class ConfigError(ValueError):
     pass
+
+
+def _sources(gitdir: str, env: Mapping[str, str]) -> list[str]:
+    """The files git reads configuration from (includes aside)."""
+    files = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+    if "GIT_CONFIG_GLOBAL" in env:
+        files.append(env["GIT_CONFIG_GLOBAL"])
+    else:
+        home = env.get("HOME", "")
+        xdg = env.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
+        if xdg:
+            files.append(os.path.join(xdg, "git", "config"))
+        if home:
+            files.append(os.path.join(home, ".gitconfig"))
+    if not parse_bool_quiet(env.get("GIT_CONFIG_NOSYSTEM")):
+        files.append(env.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig")
+    return files
+
+
+def _stamp(files: list[str]) -> tuple:
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size, st.st_ctime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def parse_bool_quiet(value: Optional[str]) -> bool:
+    if value is None:
+        return False
+    try:
+        return parse_bool(value)
+    except ConfigError:
+        return False
 
 
 def parse_bool(value: Optional[str]) -> bool:
@@ -78,8 +121,23 @@ class RepoConfig:
 
     @classmethod
     def load(cls, gitdir: str, env: Optional[Mapping[str, str]] = None) -> "RepoConfig":
+        """The whole configuration stack as git reads it for GITDIR; a long-lived
+        process reuses the last answer while none of its files changed."""
+        e = dict(os.environ if env is None else env)
+        files = _sources(gitdir, e)
+        key = (os.path.realpath(gitdir), tuple(sorted((k, v) for k, v in e.items()
+                                                      if k.startswith("GIT_CONFIG") or k in _ENV_KEYS)))
+        stamp = _stamp(files)
+        hit = _cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
         res = gitexec.git(["config", "-l", "-z"], cwd=gitdir, env=gitexec.child_env(env, GIT_DIR="."))
-        return cls.parse(res.stdout if res.ok else b"")
+        config = cls.parse(res.stdout if res.ok else b"")
+        racy = time.time_ns() - max((max(s[1], s[3]) for s in stamp if s), default=0) < _RACY_NS
+        included = any(k.startswith(("include.", "includeif.")) for k, _ in config.entries)
+        if res.ok and not racy and not included:
+            _cache[key] = (stamp, config)
+        return config
 
     def get(self, name: str) -> Optional[str]:
         vals = self.values.get(_key(name))

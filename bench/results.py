@@ -47,10 +47,15 @@ SPREAD = ("min_ms", "mean_ms", "max_ms")
 # Counts and flags: shown as absolutes, never turned into ratios.
 NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches", "jobs",
             "clients", "writers", "readers", "n", "reps", "versions_visited", "objects", "commits",
-            "pushes", "fetches", "fsck_failures", "planning_us", "plan_ms", "planning_ms")
+            "pushes", "fetches", "fsck_failures", "planning_us", "plan_ms", "planning_ms",
+            # Aspen's ref store (stale-branch): no stock counterpart
+            "segments_visited", "visits_total", "visits_bound", "query_us", "tips_us", "tips_found",
+            "tips_visits", "versions_span", "ancestor", "j", "k",
+            # push-history's flatness and ref-advertisement's size: figures of one target each
+            "last_first", "span", "refs", "body_bytes")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
-WORKLOAD_ORDER = ("full-clone", "depth1-clone", "warm-fetch", "stale-branch", "push-history", "storm-depth1",
-                  "storm-warm", "writers", "clone-concurrency", "random-fetch")
+WORKLOAD_ORDER = ("full-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "push-history",
+                  "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch")
 BASELINE = "stock"
 SUBJECT = "aspen"
 
@@ -298,7 +303,11 @@ def short(metric: str) -> str:
     s = metric
     if s.endswith("_per_s"):
         return s[:-len("_per_s")].replace("_", " ") + "/s"
-    for suffix in ("_ms", "_us", "_s"):
+    if s.endswith("_us") and s != "_us":
+        return s[:-3].replace("_", " ") + " µs"
+    if s == "last_first":
+        return "last/first"
+    for suffix in ("_ms", "_s"):
         if s.endswith(suffix) and s != suffix:
             s = s[: -len(suffix)]
             break
@@ -397,7 +406,8 @@ def _shown(keys: list[tuple]) -> list[tuple]:
 
 
 # Shown in the main table next to the ratio metrics, whenever present.
-ALWAYS = ("failures", "plan", "why", "versions_visited", "planning_us")
+ALWAYS = ("failures", "plan", "why", "versions_visited", "segments_visited", "visits_total", "visits_bound",
+          "query_us", "planning_us", "last_first")
 
 
 def _rows(by_params) -> list[tuple]:
@@ -471,7 +481,7 @@ def render_tables(measurements: list[Measurement], plots: Optional[list["PlotRes
     out = [f"{heading} {title}", ""] + ([preface, ""] if preface else []) + [
            f"Ratios are {SUBJECT.capitalize()}'s median over the baseline's median (stock unless absent), "
            "both from the same run; below 1 means Aspen is smaller or faster. "
-           "Absolute columns are medians over repeats; times in ms (µs for `planning`, seconds for `cpu`), "
+           "Absolute columns are medians over repeats; times in ms (µs where the column says so, seconds for `cpu`), "
            "bytes as counted on the wire by the bench's proxy.", ""]
     if not groups:
         out += ["No measurements.", ""]
@@ -605,6 +615,36 @@ def plot_against(workload: str, by_params, folder: Path, xkeys: tuple[str, ...],
     return PlotResult(workload, title, _save(fig, folder / f"{workload}-{stem}.png"))
 
 
+def plot_visits(workload: str, by_params, folder: Path) -> PlotResult:
+    """stale-branch: the ref store's visits against N (total, versions, segments) and
+    the bound 2*log2(N)+4, one line each (a target's name is added when several have them)."""
+    title = "stale-branch: ref-store visits against N"
+    series: dict[str, list] = {}
+    bound = "bound 2·log2(N)+4"
+    for metric in ("visits_total", "versions_visited", "segments_visited", "visits_bound"):
+        by_target, _ = _xy_by_target(by_params, N_KEYS, (metric,))
+        for t, pts in by_target.items():
+            if metric == "visits_bound":
+                series.setdefault(bound, pts)
+            else:
+                series[short(metric) + (f" ({t})" if len(by_target) > 1 else "")] = pts
+    if not any(k != bound for k in series):
+        return PlotResult(workload, title, None, "no versions_visited against n/N/behind recorded; plot skipped")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, pts in series.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label,
+                linestyle="--" if label == bound else "-")
+    if all(x > 0 for pts in series.values() for x, _ in pts):
+        ax.set_xscale("log")
+    ax.set_xlabel("N (trunk pushes since the branch)")
+    ax.set_ylabel("nodes visited")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend()
+    return PlotResult(workload, title, _save(fig, folder / f"{workload}-versions.png"))
+
+
 STORMS = ("storm-depth1", "storm-warm", "clone-concurrency")
 N_KEYS = ("n", "N", "behind")
 HISTORY_KEYS = ("after", "history", "window_end", "from")   # pushes so far: a metric or a param
@@ -620,16 +660,20 @@ def write_plots(measurements: list[Measurement], folder: Path) -> list[PlotResul
             if wl in STORMS or wl.startswith("storm"):
                 out += plot_cdfs(wl, by_params, folder)
             elif wl == "stale-branch":
-                versions = plot_against(wl, by_params, folder, N_KEYS, ("versions_visited",),
-                                        "versions visited", "versions", "stale-branch: versions visited against N",
-                                        xlabel="N (trunk pushes since the branch)")
+                versions = plot_visits(wl, by_params, folder)
                 in_us = any("planning_us" in c.metrics for cells in by_params.values() for c in cells.values())
                 planning = plot_against(wl, by_params, folder, N_KEYS,
                                         ("planning_us",) if in_us else ("plan_ms", "planning_ms"),
                                         f"planning time ({'µs' if in_us else 'ms'})", "planning",
                                         "stale-branch: planning time against N",
                                         xlabel="N (trunk pushes since the branch)")
+                if planning.path is None:
+                    planning.note = "no planning time recorded: it waits for the planner (issue 5); plot skipped"
                 out += [versions, planning]
+                if any("query_us" in c.metrics for cells in by_params.values() for c in cells.values()):
+                    out.append(plot_against(wl, by_params, folder, N_KEYS, ("query_us",), "query time (µs)",
+                                            "query", "stale-branch: ref-store ancestry query time against N",
+                                            xlabel="N (trunk pushes since the branch)"))
                 if versions.path is None and planning.path is None:
                     out.append(plot_against(wl, by_params, folder, N_KEYS, ("bytes",), "bytes", "bytes",
                                             "stale-branch: bytes against N", xlabel="N (trunk pushes since the branch)"))

@@ -622,6 +622,7 @@ def test_big_push_is_streamed_not_buffered(root, repo, tmp_path):
     size = len(head) + pack_path.stat().st_size
     env = child_env({"REMOTE_USER": "u", "REMOTE_ADDR": "127.0.0.1", "PATH": os.environ["PATH"]}, str(repo))
     ctx = ServiceContext(paths.Repo(str(repo), str(repo), True), RepoConfig.load(str(repo), env), env, 0, None, [])
+    ctx.refstore()   # the store's first use (schema creation, module imports) is not the push's memory
     tracemalloc.start()
     try:
         out = b"".join(receive.serve(ctx, Body(_Concat(head, pack_path), size, False)))

@@ -45,6 +45,7 @@ class ServiceContext:
             self._store_opened = True
             from .. import refview
             self._store = refview.open_store(self.gitdir, self.env, self.log)
+            self.trace["version"] = self._store.version if self._store is not None else "-"
         return self._store
 
     def snapshot(self, namespace: Optional[str] = None) -> "refs_mod.RefSnapshot":
@@ -231,7 +232,7 @@ def _advertise(svc: str, ctx: ServiceContext, prefix) -> Response:
         head = pktline.encode(f"# service=git-{svc}\n") + pktline.FLUSH
     body = head + b"".join(service.advertise(ctx))
     hdrs = prefix + [("Content-Type", f"application/x-git-{svc}-advertisement")]
-    return Response(200, "OK", hdrs, [body], ctx.log)
+    return Response(200, "OK", hdrs, [body], ctx.log, ctx.trace)
 
 
 def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Response:

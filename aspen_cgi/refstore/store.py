@@ -111,6 +111,7 @@ class RefStore:
         self.env = env
         self.conn = conn
         self.path = path
+        self.version = 0
 
     @classmethod
     def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
@@ -133,6 +134,10 @@ class RefStore:
 
     def sync(self) -> int:
         """Bring the store up to the refs on disk; the latest version id."""
+        self.version = self._sync()
+        return self.version
+
+    def _sync(self) -> int:
         latest, stored_fp, pending = db.head(self.conn)
         if latest == 0:
             return self._import()

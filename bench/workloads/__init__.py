@@ -7,7 +7,8 @@ each measures every target of the context in the same run.
 Knobs (`ctx.params`, quick default in brackets): reps (per workload), jobs 200 [20]
 and pool (= jobs) for storms, max_n 10000 [100], pushes 10000 [200] and window
 100 [50] for push-history, writers 16 [4], readers 4 [2], seconds 30 [5],
-clients 16 [4], fetches 200 [20], seed 1, protocol 2 (or 0).
+clients 16 [4], fetches 200 [20], refs 5000 [500] for ref-advertisement, seed 1,
+protocol 2 (or 0).
 
 Metric keys (wire bytes only when the target has a proxy): `bytes` (server to
 client), `request_bytes`, `exchange_bytes` (both ways), `pack_bytes`,
@@ -18,12 +19,12 @@ client), `request_bytes`, `exchange_bytes` (both ways), `pack_bytes`,
 """
 
 from .base import WORKLOADS, Workload, WorkloadContext, register
-from . import clones, fetches, pushes, randomfetch, storms  # each registers its workloads
+from . import adverts, clones, fetches, pushes, randomfetch, storms  # each registers its workloads
 
-_FAMILIES = (clones, fetches, pushes, randomfetch, storms)
+_FAMILIES = (adverts, clones, fetches, pushes, randomfetch, storms)
 
-ORDER = ["full-clone", "depth1-clone", "warm-fetch", "stale-branch", "push-history", "storm-depth1",
-         "storm-warm", "writers", "clone-concurrency", "random-fetch"]
+ORDER = ["full-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "push-history",
+         "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch"]
 _ordered = {n: WORKLOADS[n] for n in ORDER if n in WORKLOADS}
 _ordered.update(WORKLOADS)   # any later-registered names keep their place after these
 WORKLOADS.clear()

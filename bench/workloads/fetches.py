@@ -9,6 +9,7 @@ from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
 from .common import PlanLog, Wire, copy_client, ordered, quiet_repo, report, repo_url, rmtree
+from .storeprobe import Probe, repo_dir, stale_branch_figures
 
 STALE_NS = (10, 100, 1000, 10000)
 
@@ -77,12 +78,13 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
 def _build_stale_history(ctx: WorkloadContext, t: TargetInfo, ns: list[int], pusher, done0: int, total: int) -> dict:
     """Branch `stale-N` (one commit) created just before the last N trunk pushes,
     for every N in NS; max(NS) real HTTP pushes of one commit each to main.
-    Returns N -> branch commit id, plus the count of failed pushes under key -1."""
+    Returns N -> branch commit id, plus the count of failed pushes under key -1 and
+    N -> the branch's base (trunk's value when it was cut) under key "bases"."""
     url = repo_url(ctx, t)
     base = gitclient.rev_parse(pusher, "refs/heads/main")
     top = max(ns)
     ids = gitclient.fast_import_chain(pusher, base, top, "refs/bench/trunk", tag="trunk")
-    branches, failed = {}, 0
+    branches, bases, failed = {}, {}, 0
     for k in range(top):
         left = top - k
         if left in ns:
@@ -91,11 +93,13 @@ def _build_stale_history(ctx: WorkloadContext, t: TargetInfo, ns: list[int], pus
                                         f"stale branch {left}\n", parent=parent, when=gitclient.BASE_TIME + left)
             r = gitclient.push(pusher, url, sha, f"refs/heads/stale-{left}")
             branches[left] = sha if r.ok else None
+            bases[left] = parent
         if not gitclient.push(pusher, url, ids[k], "refs/heads/main").ok:
             failed += 1
         if k % 10 == 0 or k == top - 1:
             report(ctx, done0 + k + 1, total, f"stale-branch history {t.name}")
     branches[-1] = failed
+    branches["bases"] = bases
     return branches
 
 
@@ -105,7 +109,12 @@ def stale_branch(ctx: WorkloadContext) -> list[Measurement]:
     branch created N trunk pushes ago, N in {10, 100, 1000, 10000} up to
     params["max_n"] (default 10000; quick 100). The history is built with real
     HTTP pushes (one server version each). Medians of wall and bytes; for Aspen,
-    plan/why and, once traced, versions_visited and planning_us from its log."""
+    plan/why (and planning_us once the planner traces it) from its log, and from
+    its ref store on disk: is trunk's value at the version that created the
+    branch (j) an ancestor of trunk's value now (k = latest)? with
+    versions_visited, segments_visited, visits_total (against visits_bound =
+    2*log2(N)+4), query_us (median of several runs), and tips() of the branch's
+    base. A wrong answer or a bound exceeded fails the workload."""
     max_n = int(ctx.param("max_n", 10000, quick=100))
     ns = [n for n in STALE_NS if n <= max_n] or [min(STALE_NS)]
     reps = int(ctx.param("reps", 5, quick=2))
@@ -124,6 +133,7 @@ def stale_branch(ctx: WorkloadContext) -> list[Measurement]:
             raise RuntimeError(f"stale-branch: cannot clone {t.name}: {r.stderr_tail}")
         quiet_repo(client)
         clients[t.name] = client
+    store_rows, store_problems = _store_figures(ctx, ns, built)
     out = []
     for n in ns:
         walls = {t.name: [] for t in ctx.targets}
@@ -150,7 +160,35 @@ def stale_branch(ctx: WorkloadContext) -> list[Measurement]:
             if walls[t.name]:
                 m["wall_ms"] = stats.median(walls[t.name])
             m.update(_median_metrics(rows[t.name]))
+            m.update(store_rows.get((t.name, n), {}))   # the store's figures, not the (absent) plan trace's
             out.append(Measurement("stale-branch", t.name, {"n": n}, m, walls[t.name], errs[t.name]))
     for t in ctx.targets:
         rmtree(ctx.workdir / "stale-branch" / t.name)
+    if store_problems:
+        raise RuntimeError("stale-branch: Aspen's ref store answered wrongly: " + " | ".join(store_problems)
+                           + " || figures: " + "; ".join(f"{k}: {v}" for k, v in sorted(store_rows.items())))
     return out
+
+
+def _store_figures(ctx: WorkloadContext, ns: list[int], built: dict) -> tuple[dict, list[str]]:
+    """(target, N) -> the ref store's figures for the local Aspen target (its
+    repository's store on disk), and the problems found (no store is one)."""
+    rows, problems = {}, []
+    for t in ctx.targets:
+        gitdir = repo_dir(ctx, t)
+        if gitdir is None or t.name != "aspen":
+            continue
+        with Probe(gitdir) as p:
+            if p.store is None:
+                problems.append(f"{t.name}: no ref store under {gitdir}")
+                continue
+            for n in ns:
+                sha, base = built[t.name].get(n), built[t.name]["bases"].get(n)
+                if not sha:
+                    problems.append(f"{t.name}: stale-{n} was not pushed")
+                    continue
+                m, problem = stale_branch_figures(p.store, n, f"refs/heads/stale-{n}", sha, base)
+                rows[(t.name, n)] = m
+                if problem:
+                    problems.append(f"{t.name} N={n}: {problem}")
+    return rows, problems

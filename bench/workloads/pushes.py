@@ -19,7 +19,10 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
     """params["pushes"] pushes to main (default 10000, quick 200) interleaved across
     targets push by push (order alternating); one row per target and window of
     params["window"] pushes (default 100, quick 50) with p50/p99, and one
-    summary row (params {"window": "all"})."""
+    summary row (params {"window": "all"}) that also compares the p50 of the
+    first and last 500 pushes (10% each with fewer than 5,000): first_p50_ms,
+    last_p50_ms and last_first (1.0 = flat); Aspen's row notes the issue's
+    target (last/first <= 1.2, p50 <= stock's)."""
     total = int(ctx.param("pushes", 10000, quick=200))
     window = int(ctx.param("window", 100, quick=50))
     state = {}
@@ -54,9 +57,56 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
         ok = [x for x, good in zip(s["lat"], s["ok"]) if good]
         m = {"pushes": len(ok), "failures": total - len(ok)}
         m.update({f"{k}_ms": v for k, v in stats.summary(ok).items() if k != "n"})
+        m.update(first_last(s["lat"], s["ok"]))
         out.append(Measurement("push-history", t.name, {"window": "all"}, m, ok))
         rmtree(ctx.workdir / "push-history" / t.name)
+    _note_issue_target(out)
     return out
+
+
+FIRST_LAST = 500        # pushes compared at each end of the history
+FLAT_TARGET = 1.2       # the issue's bound on Aspen's last/first
+
+
+def first_last_span(total: int) -> int:
+    """Pushes compared at each end: the first and last 500, or 10% of the
+    history when that is fewer (so the two ends never overlap); at least 1."""
+    return max(1, min(FIRST_LAST, total // 10))
+
+
+def first_last(lat: list[float], ok: list[bool]) -> dict:
+    """p50 over the first SPAN pushes and over the last SPAN pushes (successful
+    ones), and last_first = their ratio: 1.0 is a flat history."""
+    total = len(lat)
+    if not total:
+        return {}
+    span = first_last_span(total)
+    first = [x for x, good in zip(lat[:span], ok[:span]) if good]
+    last = [x for x, good in zip(lat[total - span:], ok[total - span:]) if good]
+    m = {"span": span}
+    if first:
+        m["first_p50_ms"] = stats.percentile(first, 50)
+    if last:
+        m["last_p50_ms"] = stats.percentile(last, 50)
+    if first and last and m["first_p50_ms"] > 0:
+        m["last_first"] = round(m["last_p50_ms"] / m["first_p50_ms"], 3)
+    return m
+
+
+def _note_issue_target(rows: list[Measurement]) -> None:
+    """On Aspen's summary row: whether the issue's target holds (last/first <=
+    1.2 and Aspen's p50 <= stock's p50 over the whole history)."""
+    summary = {r.target: r for r in rows if r.params.get("window") == "all"}
+    a, b = summary.get("aspen"), summary.get("stock")
+    if a is None or "last_first" not in a.metrics:
+        return
+    flat = a.metrics["last_first"] <= FLAT_TARGET
+    text = f"issue target: last/first {a.metrics['last_first']:.2f} <= {FLAT_TARGET} {'met' if flat else 'MISSED'}"
+    if b is not None and "p50_ms" in a.metrics and "p50_ms" in b.metrics:
+        fast = a.metrics["p50_ms"] <= b.metrics["p50_ms"]
+        text += (f"; p50 {a.metrics['p50_ms']:.1f} ms vs stock {b.metrics['p50_ms']:.1f} ms "
+                 f"{'met' if fast else 'MISSED'}")
+    a.notes = (a.notes + " " if a.notes else "") + text
 
 
 def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: float, rep: int) -> Measurement:

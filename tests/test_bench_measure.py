@@ -1,0 +1,178 @@
+"""bench/: the figures of issue 4's "Measure" section, quick: the ref store's
+visits and query time in `stale-branch`, the `ref-advertisement` workload (and
+its listing comparison), `push-history`'s first/last flatness, and how these
+become table columns and plots."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from bench import repogen, results
+from bench.model import Measurement
+from bench.workloads import WORKLOADS, WorkloadContext, adverts, pushes, storeprobe
+from bench.workloads.adverts import pkt
+
+Z1, Z2, Z3 = "1" * 40, "2" * 40, "3" * 40
+
+
+def _ctx(tmp_path, started, **params) -> WorkloadContext:
+    infos = [t.info for t in started]
+    return WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
+                           roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
+                           params=params, procs={i.name: list(i.pids) for i in infos})
+
+
+@pytest.fixture
+def root(tmp_path):
+    r = tmp_path / "root"
+    r.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], r / "bench.git")
+    return r
+
+
+# ---------------------------------------------------------------- stale-branch: the ref store
+
+def test_stale_branch_store_figures(tmp_path, root):
+    from bench import targets
+    with targets.running_targets(["aspen"], root, tmp_path / "servers") as started:
+        rows = WORKLOADS["stale-branch"](_ctx(tmp_path, started, max_n=100, reps=1))
+    assert [r.params["n"] for r in rows] == [10, 100]
+    for r in rows:
+        m, n = r.metrics, r.params["n"]
+        assert m["failures"] == 0, r.notes
+        assert m["ancestor"] is True
+        assert m["visits_bound"] == pytest.approx(storeprobe.visits_bound(n), abs=0.01)
+        assert 1 <= m["visits_total"] == m["versions_visited"] + m["segments_visited"] <= m["visits_bound"]
+        assert m["versions_span"] >= n and m["k"] - m["j"] == m["versions_span"]
+        assert m["query_us"] > 0 and m["tips_us"] > 0 and m["tips_found"] >= 1
+    assert rows[1].metrics["segments_visited"] >= 1     # N=100 is answered from compacted segments
+
+
+def test_store_answers_are_checked():
+    class Store:
+        def __init__(self, ancestor, visits, value_j=Z2, tips=((5, "refs/heads/main"),)):
+            self.a = SimpleNamespace(ancestor=ancestor, value_j=value_j,
+                                     visits=SimpleNamespace(versions=visits, segments=0, total=visits))
+            self._tips = tips
+
+        def tips(self, commit):
+            t = ((7, "refs/heads/stale-10"),) if commit == Z1 else self._tips
+            return SimpleNamespace(tips=t, visits=SimpleNamespace(total=1))
+
+        def latest(self):
+            return 17
+
+        def is_ancestor(self, ref, j, k):
+            assert (ref, j, k) == ("refs/heads/main", 7, 17)
+            return self.a
+
+    m, problem = storeprobe.stale_branch_figures(Store(True, 3), 10, "refs/heads/stale-10", Z1, Z2)
+    assert problem == "" and m["ancestor"] is True and m["visits_total"] == 3 and m["versions_span"] == 10
+    assert "answered false" in storeprobe.stale_branch_figures(Store(False, 3), 10, "refs/heads/stale-10", Z1, Z2)[1]
+    assert "exceed the bound" in storeprobe.stale_branch_figures(Store(True, 11), 10, "refs/heads/stale-10", Z1, Z2)[1]
+    assert "branch's base" in storeprobe.stale_branch_figures(Store(True, 3, value_j=Z3), 10,
+                                                               "refs/heads/stale-10", Z1, Z2)[1]
+    assert "tips(" in storeprobe.stale_branch_figures(Store(True, 3, tips=((9, "refs/heads/main"),)), 10,
+                                                      "refs/heads/stale-10", Z1, Z2)[1]
+    assert "no tip records" in storeprobe.stale_branch_figures(Store(True, 3), 10, "refs/heads/other", Z1, Z2)[1]
+
+
+# ---------------------------------------------------------------- ref-advertisement
+
+def test_ref_advertisement_end_to_end(tmp_path, root):
+    from bench import targets
+    with targets.running_targets(["aspen", "stock"], root, tmp_path / "servers") as started:
+        listed = adverts.parse_v0(adverts.request(f"{started[0].info.url}/bench.git", "v0")[1])[0]
+        before = sum(1 for n in listed if n != "HEAD" and not n.endswith("^{}"))
+        rows = WORKLOADS["ref-advertisement"](_ctx(tmp_path, started, refs=60, reps=2))
+    assert len(rows) == 2 * 2 * 2   # targets x storage x protocol
+    assert {(r.params["storage"], r.params["protocol"]) for r in rows} == \
+        {("loose", "v0"), ("loose", "v2"), ("packed", "v0"), ("packed", "v2")}
+    for r in rows:
+        m = r.metrics
+        assert r.params["refs"] == 60 and m["failures"] == 0, r.notes
+        assert m["p50_ms"] > 0 and len(r.samples) == 2
+        assert m["bytes"] > m["body_bytes"] > 60 * 40
+    assert {r.metrics["refs"] for r in rows} == {60 + before}   # the refs made and the repository's own
+
+
+def test_listings_parse_and_compare():
+    v0 = (pkt("# service=git-upload-pack\n") + b"0000"
+          + pkt(f"{Z1} HEAD\0multi_ack symref=HEAD:refs/heads/main agent=x\n")
+          + pkt(f"{Z1} refs/heads/main\n") + pkt(f"{Z2} refs/tags/v1\n") + pkt(f"{Z3} refs/tags/v1^{{}}\n") + b"0000")
+    v2 = (pkt(f"{Z1} HEAD symref-target:refs/heads/main\n") + pkt(f"{Z1} refs/heads/main\n")
+          + pkt(f"{Z2} refs/tags/v1 peeled:{Z3}\n") + b"0000")
+    a, b = adverts.parse_v0(v0), adverts.parse_v2(v2)
+    assert a == b == ({"HEAD": Z1, "refs/heads/main": Z1, "refs/tags/v1": Z2, "refs/tags/v1^{}": Z3},
+                      {"HEAD": "refs/heads/main"})
+    assert adverts.compare(a, b) == ""
+    other = adverts.parse_v2(pkt(f"{Z1} HEAD symref-target:refs/heads/main\n") + pkt(f"{Z2} refs/heads/main\n")
+                             + pkt(f"{Z2} refs/heads/extra\n") + b"0000")
+    diff = adverts.compare(b, other)
+    assert "only in the first" in diff and "only in the second" in diff and "differ" in diff
+    with pytest.raises(ValueError):
+        adverts.pkt_lines(b"00ffshort")
+    stream = adverts.refs_stream([Z1, Z2], 20)
+    assert stream.count(b"\ntag ") + stream.startswith(b"tag ") == 2 and stream.count(b"reset ") == 18
+
+
+# ---------------------------------------------------------------- push-history: flat?
+
+def test_first_last_span_and_ratio():
+    assert [pushes.first_last_span(n) for n in (10000, 5000, 1000, 300, 5)] == [500, 500, 100, 30, 1]
+    lat = [10.0] * 50 + [99.0] * 200 + [12.0] * 50
+    ok = [True] * 300
+    m = pushes.first_last(lat, ok)
+    assert m["span"] == 30 and m["first_p50_ms"] == 10.0 and m["last_p50_ms"] == 12.0
+    assert m["last_first"] == pytest.approx(1.2)
+    ok[-30:] = [False] * 30                                  # failed pushes are not latencies
+    assert "last_first" not in pushes.first_last(lat, ok)
+    assert pushes.first_last([], []) == {}
+
+
+def test_push_history_summary_has_last_first(tmp_path, root):
+    from bench import targets
+    with targets.running_targets(["aspen", "stock"], root, tmp_path / "servers") as started:
+        rows = WORKLOADS["push-history"](_ctx(tmp_path, started, pushes=20, window=10))
+    summary = {r.target: r for r in rows if r.params["window"] == "all"}
+    for t in ("aspen", "stock"):
+        m = summary[t].metrics
+        assert m["failures"] == 0 and m["span"] == 2
+        assert m["last_first"] == pytest.approx(m["last_p50_ms"] / m["first_p50_ms"], rel=1e-3) and m["last_first"] > 0
+    assert "issue target: last/first" in summary["aspen"].notes
+
+
+# ---------------------------------------------------------------- tables and plots
+
+def test_new_figures_become_columns_and_plots(tmp_path):
+    ms = []
+    for n in (10, 100, 1000):
+        ms.append(Measurement("stale-branch", "aspen", {"n": n}, {
+            "wall_ms": 30.0, "bytes": 5000, "versions_visited": 2, "segments_visited": n.bit_length(),
+            "visits_total": 2 + n.bit_length(), "visits_bound": storeprobe.visits_bound(n), "query_us": 40.0,
+            "ancestor": True}))
+        ms.append(Measurement("stale-branch", "stock", {"n": n}, {"wall_ms": 20.0, "bytes": 4000}))
+    for t, p50 in (("aspen", 3.0), ("stock", 6.0)):
+        ms.append(Measurement("ref-advertisement", t, {"refs": 5000, "storage": "packed", "protocol": "v0"},
+                              {"p50_ms": p50, "bytes": 400000, "refs": 5007}))
+        ms.append(Measurement("push-history", t, {"window": "all"},
+                              {"p50_ms": p50, "first_p50_ms": p50, "last_p50_ms": p50 * 1.1, "last_first": 1.1}))
+    md = results.render_tables(ms)
+    stale = md.split("## stale-branch")[1].split("##")[0]
+    head = stale.split("\n")[2]
+    for col in ("versions visited aspen", "segments visited aspen", "visits total aspen", "visits bound aspen",
+                "query µs aspen"):
+        assert col in head
+    assert "query µs aspen/stock" not in head
+    adv = md.split("## ref-advertisement")[1].split("##")[0]
+    assert "p50 aspen/stock" in adv and "| 0.50 |" in adv
+    hist = md.split("## push-history")[1]
+    assert "last/first aspen" in hist and "last/first aspen/stock" not in hist and "first p50 aspen/stock" in hist
+    assert md.index("## stale-branch") < md.index("## ref-advertisement") < md.index("## push-history")
+    plots = results.write_plots(ms, tmp_path)
+    by_title = {p.title: p for p in plots}
+    assert by_title["stale-branch: ref-store visits against N"].path.stat().st_size > 1000
+    assert by_title["stale-branch: ref-store ancestry query time against N"].path is not None
+    assert "issue 5" in by_title["stale-branch: planning time against N"].note
