@@ -19,7 +19,7 @@ from .protocol.push import ZERO, Command, RefResult
 from .refname import check_refname_format
 from .refs import HiddenRefs, namespace_prefix, object_info
 from .refstore.store import fault
-from .refwrite import RefChange, VersionMeta, transaction
+from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
 
 
 KEEPALIVE = b"0005\x01"   # an empty band-1 packet: "still working"
@@ -289,7 +289,8 @@ class Push:
             if c.new != ZERO:
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
         meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
-        return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log)
+        fast = in_process_ok(self.ctx.config, self.ctx.repo.bare)
+        return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast)
 
     def _lookup(self, oid: str) -> tuple[str, Optional[str]]:
         """(type or "missing", peeled) of OID; the first unknown one fetches all the push's unknowns."""

@@ -15,15 +15,26 @@ from .refstore.store import RefStore
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]
 
 
+def in_process_ok(config, bare: bool) -> bool:
+    """Whether refs may be written without git: no reflog to append (bare
+    repositories log nothing unless core.logAllRefUpdates says so) and no
+    shared-repository permissions to apply."""
+    false = ("false", "no", "off", "0")
+    lau = config.get("core.logallrefupdates")
+    shared = config.get("core.sharedrepository")
+    logs = (not bare) if lau is None else lau.strip().lower() not in false
+    return not logs and (shared is None or shared.strip().lower() in false + ("umask",))
+
+
 def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange],
-                meta: VersionMeta, log: Optional[list] = None) -> Optional[str]:
+                meta: VersionMeta, log: Optional[list] = None, fast: bool = False) -> Optional[str]:
     """Apply CHANGES all or nothing. None on success, else git's error text
     (without its `fatal: ` prefix), as stock's rp_error shows it."""
     if not changes:
         return None
     if store is not None:
         try:
-            return store.commit(changes, meta)
+            return store.commit(changes, meta, fast)
         except (db.Error, db.Busy) as e:
             # the disk is the truth: the next request records what happened as an external version
             if log is not None:

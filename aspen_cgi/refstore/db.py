@@ -206,8 +206,9 @@ def insert_introduced(conn: Conn, version: int, commits: Iterable[str]) -> None:
                      [(version, c) for c in commits])
 
 
-def pending_versions(conn: Conn) -> list[tuple[int, Optional[str]]]:
-    return list(conn.execute("SELECT id, owner FROM versions WHERE state = 'pending' ORDER BY id"))
+def pending_versions(conn: Conn) -> list[tuple[int, Optional[str], float]]:
+    """(id, owner, committed at) of versions whose refs may not be on disk yet."""
+    return list(conn.execute("SELECT id, owner, at FROM versions WHERE state = 'pending' ORDER BY id"))
 
 
 def version_updates(conn: Conn, version: int) -> list[tuple[str, str, str, int, Optional[str], Optional[str]]]:

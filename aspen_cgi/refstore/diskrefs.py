@@ -179,6 +179,126 @@ class UpdateRef:
                 pass
 
 
+_packed_cache: dict[str, tuple[tuple[int, int, int], dict[str, DiskRef]]] = {}
+
+
+def _packed_cached(gitdir: str) -> dict[str, DiskRef]:
+    path = os.path.join(gitdir, "packed-refs")
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _packed_cache.get(gitdir)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    refs = _packed(gitdir)
+    _packed_cache[gitdir] = (key, refs)
+    return refs
+
+
+class LooseWrite:
+    """The common push written in-process with git's files-backend protocol:
+    `<ref>.lock` created exclusively, the old value checked under the lock,
+    the new value written into the lock and renamed over the ref.
+
+    Only for plain creates and updates of loose-or-packed refs with no reflog
+    to append, no shared-permission rules, no directory/file conflict and no
+    lock already held; `prepare()` returns False for anything else (and on a
+    failed check) so that the caller asks git, which also words the error."""
+
+    def __init__(self, gitdir: str):
+        self.gitdir = gitdir
+        self.locks: list[tuple[str, str]] = []   # (lock path, ref path)
+
+    def _path(self, ref: str) -> str:
+        return os.path.join(self.gitdir, *ref.split("/"))
+
+    def _eligible(self, changes: Sequence[RefChange]) -> bool:
+        if not changes or len({c.ref for c in changes}) != len(changes):
+            return False
+        packed = _packed_cached(self.gitdir)
+        for c in changes:
+            if c.new == ZERO or not c.ref.startswith("refs/") or not check_refname_format(c.ref):
+                return False
+            if os.path.lexists(os.path.join(self.gitdir, "logs", *c.ref.split("/"))):
+                return False
+            parts = c.ref.split("/")
+            for i in range(2, len(parts)):
+                prefix = "/".join(parts[:i])
+                if prefix in packed or os.path.isfile(os.path.join(self.gitdir, *parts[:i])):
+                    return False
+            path = self._path(c.ref)
+            if os.path.isdir(path) or os.path.islink(path):
+                return False
+            if c.old == ZERO and any(n.startswith(c.ref + "/") for n in packed):
+                return False
+        return True
+
+    def prepare(self, changes: Sequence[RefChange]) -> bool:
+        if not self._eligible(changes):
+            return False
+        try:
+            for c in sorted(changes, key=lambda c: c.ref):
+                path = self._path(c.ref)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                self.locks.append((path + ".lock", path))
+                try:
+                    os.write(fd, (c.new + "\n").encode())
+                finally:
+                    os.close(fd)
+                if c.old is not None and self._current(c.ref, path) != c.old:
+                    self.close()
+                    return False
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def _current(self, ref: str, path: str) -> Optional[str]:
+        if os.path.isfile(path):
+            value = _loose_value(path)
+            return value.oid if value is not None and value.symref is None else None
+        packed = _packed_cached(self.gitdir).get(ref)
+        return packed.oid if packed is not None else ZERO
+
+    def commit(self) -> Optional[str]:
+        for lock, path in self.locks:
+            try:
+                os.rename(lock, path)
+            except OSError as e:
+                self.close()
+                return f"cannot update ref '{path}': {e.strerror}"
+        self.locks = []
+        return None
+
+    def close(self) -> None:
+        for lock, _ in self.locks:
+            try:
+                os.unlink(lock)
+            except OSError:
+                pass
+        self.locks = []
+
+
+def stale_locks(gitdir: str, older_than: float) -> list[str]:
+    """Ref lock files (refs/**.lock, packed-refs.lock) untouched for OLDER_THAN seconds."""
+    import time
+    now = time.time()
+    out = []
+    candidates = [os.path.join(gitdir, "packed-refs.lock"), os.path.join(gitdir, "HEAD.lock")]
+    for base, _, files in os.walk(os.path.join(gitdir, "refs")):
+        candidates += [os.path.join(base, f) for f in files if f.endswith(".lock")]
+    for path in candidates:
+        try:
+            if now - os.stat(path).st_mtime > older_than:
+                out.append(path)
+        except OSError:
+            pass
+    return out
+
+
 def apply(gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange], message: str = "push") -> Optional[str]:
     """Prepare and commit CHANGES in one go (recovery); git's error text or None."""
     if not changes:

@@ -62,7 +62,10 @@ def _start_time(pid: int) -> Optional[str]:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-        return data[data.rindex(b")") + 2:].split()[19].decode()
+        fields = data[data.rindex(b")") + 2:].split()
+        if fields[0] in (b"Z", b"X"):
+            return None     # a zombie is dead: killed, not yet reaped by its (maybe also dead) parent
+        return fields[19].decode()
     except (OSError, ValueError, IndexError):
         return None
 
@@ -166,7 +169,7 @@ class RefStore:
 
     def _pending_refs(self, conn: db.Conn) -> set[str]:
         names: set[str] = set()
-        for vid, owner in db.pending_versions(conn):
+        for vid, _, _ in db.pending_versions(conn):
             names.update(r for r, *_ in db.version_updates(conn, vid))
         return names
 
@@ -182,12 +185,15 @@ class RefStore:
                 db.set_state(conn, "fingerprint", value)
                 return db.latest_version(conn)
             return db.write(self.conn, note)
-        rows = {r.name: r for r in _read_git(self.gitdir, self.env)}
 
         def tx(conn: db.Conn) -> int:
+            # The disk is read under the write lock: a push that finished (disk written, version
+            # done) after an earlier read would otherwise be recorded as reverted by an
+            # "external" version. Values are compared, not the types a push recorded.
+            rows = {r.name: r for r in _read_git(self.gitdir, self.env)}
             skip = self._pending_refs(conn)
             current = {r.name: r for r in db.all_refs(conn)}
-            changed = [r for n, r in rows.items() if n not in skip and current.get(n) != r]
+            changed = [r for n, r in rows.items() if n not in skip and _value(current.get(n)) != _value(r)]
             gone = [n for n in current if n not in rows and n not in skip]
             if changed or gone:
                 v = db.insert_version(conn, "external", None, time.time(), None, "done", None)
@@ -214,7 +220,7 @@ class RefStore:
         when the disk still holds its old value, void it when the disk moved on.
         Returns the number of versions finished."""
         done = 0
-        for vid, owner in db.pending_versions(self.conn):
+        for vid, owner, at in db.pending_versions(self.conn):
             if (self.path, vid) in _inflight or owner_alive(owner):
                 continue
             me = owner_id()
@@ -233,6 +239,7 @@ class RefStore:
                 if value == new:
                     continue
                 if value == old:
+                    self._drop_stale_lock(ref, at, new == ZERO)
                     forward.append(RefChange(ref, old, new))
                 else:
                     void.append(ref)
@@ -241,6 +248,27 @@ class RefStore:
             self._finish(vid, void)
             done += 1
         return done
+
+    def _drop_stale_lock(self, ref: str, committed_at: float, delete: bool = False) -> None:
+        """Remove the lock files the dead writer took for REF: REF's own, and
+        those `git update-ref` takes with it -- HEAD.lock when HEAD names REF,
+        packed-refs.lock when REF is a packed ref being deleted. Each was
+        taken before the version was committed and held while it stood, so
+        nobody else could take it meanwhile. A lock taken later belongs to a
+        live writer."""
+        locks = [os.path.join(self.gitdir, *ref.split("/")) + ".lock"]
+        head = diskrefs._loose_value(os.path.join(self.gitdir, "HEAD"))
+        if head is not None and head.symref == ref:
+            locks.append(os.path.join(self.gitdir, "HEAD.lock"))
+        if delete and ref in diskrefs._packed(self.gitdir):
+            # under packed-refs.lock git also writes the new file as packed-refs.new
+            locks += [os.path.join(self.gitdir, "packed-refs.lock"), os.path.join(self.gitdir, "packed-refs.new")]
+        for lock in locks:
+            try:
+                if os.stat(lock).st_mtime_ns <= int(committed_at * 1e9):
+                    os.unlink(lock)
+            except OSError:
+                pass
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -264,15 +292,24 @@ class RefStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def commit(self, changes: Sequence[RefChange], meta: VersionMeta) -> Optional[str]:
-        """Apply CHANGES all or nothing as one version; git's error text or None."""
+    def commit(self, changes: Sequence[RefChange], meta: VersionMeta, fast: bool = False) -> Optional[str]:
+        """Apply CHANGES all or nothing as one version; git's error text or None.
+        FAST allows the in-process lock-file writer (no reflogs, no shared
+        permissions configured) for the changes it can take."""
         if not changes:
             return None
-        tx = diskrefs.UpdateRef(self.gitdir, self.env)
-        try:
+        tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
+        if fast:
+            tx = diskrefs.LooseWrite(self.gitdir)
+            if not tx.prepare(changes):
+                tx = None
+        if tx is None:
+            tx = diskrefs.UpdateRef(self.gitdir, self.env)
             err = tx.prepare(changes)
             if err:
+                tx.close()
                 return err
+        try:
             vid = db.write(self.conn, lambda conn: self._insert(conn, changes, meta))
             _inflight.add((self.path, vid))
             try:
@@ -418,7 +455,9 @@ class RefStore:
             rows = db.all_refs(conn)
             replay = db.replay_refs(conn)
         rep.refs = len(rows)
-        for vid, owner in pending:
+        for path in diskrefs.stale_locks(self.gitdir, 60.0):
+            rep.problems.append(f"stale lock file {path} (over a minute old; remove it if no git process runs)")
+        for vid, owner, _ in pending:
             rep.problems.append(f"version {vid} is pending (writer {owner}, "
                                 f"{'alive' if owner_alive(owner) else 'gone'})")
         stored = {r.name: r for r in rows}
@@ -454,6 +493,10 @@ def gitexec_env(env: Mapping[str, str]) -> dict[str, str]:
     out = dict(env)
     out["GIT_DIR"] = "."
     return out
+
+
+def _value(r: Optional[StoredRef]) -> Optional[tuple[Optional[str], Optional[str]]]:
+    return None if r is None else (r.oid, r.symref)
 
 
 def _tip_rows(rows: Sequence[StoredRef]) -> list[tuple[str, str]]:
