@@ -75,6 +75,20 @@ def advertise(ctx) -> Iterator[bytes]:
 
 
 def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
+    """The ls-refs answer in blocks of about 64 KiB (one write each, not one per ref)."""
+    block: list[bytes] = []
+    size = 0
+    for item in _ls_refs_lines(ctx, req):
+        block.append(item)
+        size += len(item)
+        if size >= 65536:
+            yield b"".join(block)
+            block, size = [], 0
+    if block:
+        yield b"".join(block)
+
+
+def _ls_refs_lines(ctx, req: LsRefsRequest) -> Iterator[bytes]:
     snap = _snapshot(ctx)
     hidden = _hidden(ctx)
     unborn = req.unborn and _caps(ctx).unborn != "ignore"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from .cgiserver import cgi_server_factory  # noqa: F401  (a fixture, shared by every test module)
+from . import harness
 from .harness import Server, make_history
 
 os.environ.setdefault("GIT_AUTHOR_NAME", "Aspen Test")
@@ -45,3 +46,37 @@ def server_factory(tmp_path: Path):
 @pytest.fixture
 def server(root: Path, server_factory) -> Server:
     return server_factory(root)
+
+
+# -- `aspen verify` after every end-to-end test ---------------------------------------------
+
+UNCHECKED = "aspen_store_unchecked"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{UNCHECKED}(reason): this test leaves its repositories' ref stores inconsistent on "
+                   "purpose (say why); the check after its gunicorn servers stop is skipped")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Once a test's teardown has stopped gunicorn servers (its own, or a module's
+    after its last test), every repository under their roots that has a ref
+    store must pass `aspen verify` (run in process, after a sync as the CLI does)."""
+    try:
+        return (yield)
+    finally:
+        mark = item.get_closest_marker(UNCHECKED)
+        if mark is not None:
+            if not (mark.args or mark.kwargs.get("reason")):
+                pytest.fail(f"@pytest.mark.{UNCHECKED} needs a reason", pytrace=False)
+            harness.forget_stopped_servers()
+        else:
+            problems = harness.verify_stopped_servers()
+            if problems:
+                lines = [f"aspen verify: ref store not consistent after {item.nodeid}:"]
+                for repo, probs in sorted(problems.items()):
+                    lines.append(f"  {repo}:")
+                    lines += [f"    {p}" for p in probs]
+                pytest.fail("\n".join(lines), pytrace=False)

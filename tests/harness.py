@@ -204,6 +204,7 @@ class Server:
             m = pattern.search(self.log_text())
             if m:
                 self.port = int(m.group(1))
+                _servers.append(self)   # its repositories' ref stores are verified after its test
                 return self
             if self.proc.poll() is not None:
                 raise AssertionError(f"gunicorn exited: {self.log_text()}")
@@ -230,3 +231,77 @@ def refs_of(repo: str) -> dict[str, str]:
 
 def fsck_strict(repo: str) -> None:
     git("fsck", "--strict", "--no-progress", cwd=repo)
+
+
+# -- the ref store must be consistent after every end-to-end test -------------------------------
+
+_servers: list[Server] = []    # every Server started in this process, until its repositories are verified
+
+
+def git_dirs(root: Path) -> list[Path]:
+    """The repositories under ROOT (bare ones and work trees' .git), not looking inside them."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if "HEAD" in filenames and "objects" in dirnames and "refs" in dirnames:
+            found.append(Path(dirpath))
+            dirnames[:] = []
+    return sorted(found)
+
+
+def _verify_one(gitdir: Path, env: dict) -> list[str]:
+    from aspen_cgi.refstore.store import RefStore
+    store = RefStore.open(str(gitdir), env, create=False)
+    if store is None:
+        return []
+    try:
+        store.sync()      # what the next request would do: changes made with git since then are recorded
+        return store.verify().problems
+    except Exception as e:  # noqa: BLE001  (a store that cannot even be read is a problem to report)
+        return [f"verify raised {type(e).__name__}: {e}"]
+
+
+def verify_refstores(root: Path, server_env: Optional[dict] = None) -> dict[str, list[str]]:
+    """`aspen verify`, in process, for every repository under ROOT that has a ref
+    store (where the server with SERVER_ENV keeps it): {gitdir: problems} for
+    the inconsistent ones."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aspen_cgi.refstore.store import DISABLE_ENV, state_dir
+    env = dict(os.environ)
+    env.update(server_env or {})
+    env.pop("GIT_NAMESPACE", None)
+    if env.get(DISABLE_ENV) == "0":
+        return {}
+    todo = [g for g in git_dirs(root) if os.path.isfile(os.path.join(state_dir(str(g), env), "aspen.sqlite3"))]
+    # one short-lived thread per repository: the store's connections are per thread and go with it
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda g: _verify_one(g, dict(env, GIT_DIR=str(g))), todo))
+    return {str(g): p for g, p in zip(todo, results) if p}
+
+
+def verify_stopped_servers() -> dict[str, list[str]]:
+    """Verify the stores under the roots of every stopped Server (each root and
+    state location once) and forget those servers; running ones wait for
+    their own stop."""
+    stopped = [s for s in _servers if s.proc is None or s.proc.poll() is not None]
+    _servers[:] = [s for s in _servers if s not in stopped]
+    seen: set = set()
+    problems: dict[str, list[str]] = {}
+    _t0 = time.perf_counter()
+    for s in stopped:
+        key = (str(s.root), s.env.get("ASPEN_STATE_DIR"), s.env.get("ASPEN_REFSTORE"))
+        if key in seen or not s.root.is_dir():
+            continue
+        seen.add(key)
+        problems.update(verify_refstores(s.root, s.env))
+    if stopped and os.environ.get("TMP_VERIFY_TIMES"):
+        with open(os.environ["TMP_VERIFY_TIMES"], "a") as f:
+            f.write(f"{time.perf_counter() - _t0:.3f} {len(seen)} {[str(s.root) for s in stopped]}\n")
+    return problems
+
+
+def forget_stopped_servers() -> int:
+    """Drop the stopped servers without verifying (tests marked aspen_store_unchecked)."""
+    n = len(_servers)
+    _servers[:] = [s for s in _servers if not (s.proc is None or s.proc.poll() is not None)]
+    return n - len(_servers)
