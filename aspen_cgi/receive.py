@@ -9,6 +9,7 @@ from typing import Iterable, Iterator
 
 from . import AGENT
 from .protocol import advertise as adv
+from .memo import Memo
 from .refs import HiddenRefs, read_refs, shallow_roots
 
 
@@ -38,12 +39,12 @@ def _alternate_tips(ctx) -> list[str]:
     return tips
 
 
-def advertise_lines(ctx) -> list[tuple[str, str]]:
+def advertise_lines(ctx, snap=None, alternates=None) -> list[tuple[str, str]]:
     """write_head_info(): visible refs, refs outside the namespace and
     alternates' tips as `.have` (each object once)."""
     hidden = HiddenRefs.from_config(ctx.config, "receive")
     prefix = ""
-    snap = ctx.snapshot(None)
+    snap = snap if snap is not None else ctx.snapshot(None)
     if ctx.namespace:
         from .refs import namespace_prefix
         prefix = namespace_prefix(ctx.namespace)
@@ -60,16 +61,23 @@ def advertise_lines(ctx) -> list[tuple[str, str]]:
             name = ".have"
         seen.add(ref.oid)
         lines.append((ref.oid, name))
-    for oid in _alternate_tips(ctx):
+    for oid in (alternates if alternates is not None else _alternate_tips(ctx)):
         if oid not in seen:
             seen.add(oid)
             lines.append((oid, ".have"))
     return lines
 
 
+_memo = Memo()
+
+
 def advertise(ctx) -> Iterator[bytes]:
     version = ctx.protocol_version if ctx.protocol_version == 1 else 0
-    return adv.receive_v0(advertise_lines(ctx), _caps(ctx), shallow_roots(ctx.gitdir), version)
+    snap, caps, shallow = ctx.snapshot(None), _caps(ctx), tuple(shallow_roots(ctx.gitdir))
+    alternates = tuple(_alternate_tips(ctx))
+    key = (caps, shallow, version, alternates, ctx.namespace, HiddenRefs.from_config(ctx.config, "receive").patterns)
+    return iter([_memo.get(snap, key, lambda: b"".join(
+        adv.receive_v0(advertise_lines(ctx, snap, alternates), caps, shallow, version)))])
 
 
 def serve(ctx, body) -> Iterable[bytes]:

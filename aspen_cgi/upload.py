@@ -11,6 +11,7 @@ from typing import Iterable, Iterator
 from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
 from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
+from .memo import Memo
 from .refs import HiddenRefs, RefSnapshot, shallow_roots
 from .repoconfig import ConfigError, parse_bool
 
@@ -67,29 +68,28 @@ def _snapshot(ctx) -> RefSnapshot:
     return ctx.snapshot(ctx.namespace)
 
 
+_memo = Memo()
+
+
 def advertise(ctx) -> Iterator[bytes]:
     caps = _caps(ctx)
     if ctx.protocol_version == 2:
         return adv.v2_capabilities(caps)
-    return adv.upload_v0(_snapshot(ctx), caps, _hidden(ctx), shallow_roots(ctx.gitdir), ctx.protocol_version)
+    snap, hidden, shallow = _snapshot(ctx), HiddenRefs.from_config(ctx.config, "uploadpack"), shallow_roots(ctx.gitdir)
+    key = ("v0", caps, hidden.patterns, tuple(shallow), ctx.protocol_version)
+    return iter([_memo.get(snap, key, lambda: b"".join(
+        adv.upload_v0(snap, caps, hidden.hidden, shallow, ctx.protocol_version)))])
 
 
 def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
-    """The ls-refs answer in blocks of about 64 KiB (one write each, not one per ref)."""
-    block: list[bytes] = []
-    size = 0
-    for item in _ls_refs_lines(ctx, req):
-        block.append(item)
-        size += len(item)
-        if size >= 65536:
-            yield b"".join(block)
-            block, size = [], 0
-    if block:
-        yield b"".join(block)
-
-
-def _ls_refs_lines(ctx, req: LsRefsRequest) -> Iterator[bytes]:
+    """The ls-refs answer as one block (one write, not one per ref)."""
     snap = _snapshot(ctx)
+    key = ("ls-refs", req.peel, req.symrefs, req.unborn, tuple(req.prefixes), _caps(ctx).unborn,
+           HiddenRefs.from_config(ctx.config, "uploadpack").patterns)
+    return iter([_memo.get(snap, key, lambda: b"".join(_ls_refs_lines(ctx, req, snap)))])
+
+
+def _ls_refs_lines(ctx, req: LsRefsRequest, snap: RefSnapshot) -> Iterator[bytes]:
     hidden = _hidden(ctx)
     unborn = req.unborn and _caps(ctx).unborn != "ignore"
     prefixes = req.prefixes or [""]

@@ -32,6 +32,7 @@ FAULT_ENV = "ASPEN_FAULT"
 
 _local = threading.local()
 _snapshots: dict[str, tuple[tuple[int, int], list[StoredRef]]] = {}
+_views: dict[tuple, tuple[list[StoredRef], refs_mod.RefSnapshot]] = {}
 _inflight: set[tuple[str, int]] = set()
 _lock = threading.Lock()
 
@@ -287,8 +288,25 @@ class RefStore:
         return rows
 
     def snapshot(self, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
-        """The refs as the advertisements need them (stock's for-each-ref view)."""
-        return _to_snapshot(self._stored_rows(), self.gitdir, self.env, namespace)
+        """The refs as the advertisements need them (stock's for-each-ref view),
+        the same object while neither the store nor HEAD changed."""
+        rows = self._stored_rows()
+        try:
+            with open(os.path.join(self.gitdir, "HEAD"), "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            head = None
+        key = (self.path, id(rows), namespace, head)
+        with _lock:
+            hit = _views.get(key)
+            if hit is not None and hit[0] is rows:
+                return hit[1]
+        snap = _to_snapshot(rows, self.gitdir, self.env, namespace)
+        with _lock:
+            if len(_views) > 256:
+                _views.clear()
+            _views[key] = (rows, snap)
+        return snap
 
     # -- writing -------------------------------------------------------------------------------
 
