@@ -165,7 +165,8 @@ def check_outcome(repo: Path, before: dict[str, str], targets: list[str], new: s
                   log_before: int, what: str) -> bool:
     """The refs TARGETS hold all the new value or all their old values (all of
     it when MUST_APPLY); the store has exactly one complete push version for
-    it, or none. Returns whether the push was applied."""
+    it, or none (a version recovery voided, every update old == new, changes
+    nothing and counts as none). Returns whether the push was applied."""
     after = h.refs_of(str(repo))
     olds = {t: before.get(t, ZERO) for t in targets}
     now = {t: after.get(t, ZERO) for t in targets}
@@ -305,9 +306,11 @@ def test_kill9_with_stale_lock_needs_no_manual_steps(root, server_factory, tmp_p
     kill9_server(srv)
     git_pid = int((stale / "git.pid").read_text())
     wrapper_pid = int((stale / "wrapper.pid").read_text())
-    assert _alive(git_pid), "git update-ref should still hold its locks"
-    for pid in (git_pid, wrapper_pid):
-        os.kill(pid, signal.SIGKILL)
+    try:
+        assert _alive(git_pid), "git update-ref should still hold its locks"
+    finally:
+        for pid in (git_pid, wrapper_pid):
+            os.kill(pid, signal.SIGKILL)
     assert locks(repo) == held, "kill -9 of git update-ref leaves its locks behind"
     if new != ZERO:
         assert (repo / "refs" / "heads" / "main.lock").read_text().strip() == new

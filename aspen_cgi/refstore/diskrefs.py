@@ -106,7 +106,10 @@ class UpdateRef:
     commit or abort."""
 
     def __init__(self, gitdir: str, env: Mapping[str, str], message: str = "push"):
-        self.proc = gitexec.start(["update-ref", "-m", message, "--stdin"], cwd=gitdir, env=dict(env),
+        # GIT_DIR "." from inside the repository, as stock's receive-pack runs: git's messages
+        # then name paths as stock's do ("<repo>/./refs/heads/main.lock")
+        self.proc = gitexec.start(["update-ref", "-m", message, "--stdin"], cwd=gitdir,
+                                  env={**env, "GIT_DIR": "."},
                                   stdin=gitexec.PIPE, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
         self.error: Optional[str] = None
 

@@ -29,6 +29,7 @@ DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no s
 
 # Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
 FAULT_ENV = "ASPEN_FAULT"
+LOCK_GRACE = 0.5   # seconds a dead writer's git child gets to drop its own locks
 
 _local = threading.local()
 _snapshots: dict[str, tuple[tuple[int, int], list[StoredRef]]] = {}
@@ -264,10 +265,23 @@ class RefStore:
         if delete and ref in diskrefs._packed(self.gitdir):
             # under packed-refs.lock git also writes the new file as packed-refs.new
             locks += [os.path.join(self.gitdir, "packed-refs.lock"), os.path.join(self.gitdir, "packed-refs.new")]
-        for lock in locks:
+        def stale() -> list[str]:
+            out = []
+            for lock in locks:
+                try:
+                    if os.stat(lock).st_mtime_ns <= int(committed_at * 1e9):
+                        out.append(lock)
+                except OSError:
+                    pass
+            return out
+        # a `git update-ref` child outliving its writer aborts (and drops its locks)
+        # when its input ends: give it a moment rather than race its clean-up
+        deadline = time.monotonic() + LOCK_GRACE
+        while stale() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for lock in stale():
             try:
-                if os.stat(lock).st_mtime_ns <= int(committed_at * 1e9):
-                    os.unlink(lock)
+                os.unlink(lock)
             except OSError:
                 pass
 
