@@ -95,7 +95,10 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if args.what == "ancestor":
         if len(args.args) != 3:
             raise SystemExit("aspen query ancestor REPO REF J K")
-        ref, j, k = args.args[0], int(args.args[1]), int(args.args[2])
+        try:
+            ref, j, k = args.args[0], int(args.args[1]), int(args.args[2])
+        except ValueError:
+            raise SystemExit("aspen query ancestor REPO REF J K (J and K are version numbers)")
         t0 = time.perf_counter()
         a = store.is_ancestor(ref, j, k)
         us = (time.perf_counter() - t0) * 1e6

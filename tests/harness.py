@@ -182,6 +182,9 @@ class Server:
     proc: Optional[subprocess.Popen] = None
     log: Optional[Path] = None
 
+    def __post_init__(self) -> None:
+        _servers.append(self)   # its repositories' ref stores are verified once it has stopped
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -204,7 +207,6 @@ class Server:
             m = pattern.search(self.log_text())
             if m:
                 self.port = int(m.group(1))
-                _servers.append(self)   # its repositories' ref stores are verified after its test
                 return self
             if self.proc.poll() is not None:
                 raise AssertionError(f"gunicorn exited: {self.log_text()}")
@@ -235,7 +237,11 @@ def fsck_strict(repo: str) -> None:
 
 # -- the ref store must be consistent after every end-to-end test -------------------------------
 
-_servers: list[Server] = []    # every Server started in this process, until its repositories are verified
+_servers: list[Server] = []    # every Server made in this process, until its repositories are verified
+
+
+def _stopped(s: Server) -> bool:
+    return s.proc is None or s.proc.poll() is not None
 
 
 def git_dirs(root: Path) -> list[Path]:
@@ -283,25 +289,23 @@ def verify_stopped_servers() -> dict[str, list[str]]:
     """Verify the stores under the roots of every stopped Server (each root and
     state location once) and forget those servers; running ones wait for
     their own stop."""
-    stopped = [s for s in _servers if s.proc is None or s.proc.poll() is not None]
-    _servers[:] = [s for s in _servers if s not in stopped]
+    stopped, running = [], []
+    for s in _servers:
+        (stopped if _stopped(s) else running).append(s)
+    _servers[:] = running
     seen: set = set()
     problems: dict[str, list[str]] = {}
-    _t0 = time.perf_counter()
     for s in stopped:
         key = (str(s.root), s.env.get("ASPEN_STATE_DIR"), s.env.get("ASPEN_REFSTORE"))
         if key in seen or not s.root.is_dir():
             continue
         seen.add(key)
         problems.update(verify_refstores(s.root, s.env))
-    if stopped and os.environ.get("TMP_VERIFY_TIMES"):
-        with open(os.environ["TMP_VERIFY_TIMES"], "a") as f:
-            f.write(f"{time.perf_counter() - _t0:.3f} {len(seen)} {[str(s.root) for s in stopped]}\n")
     return problems
 
 
 def forget_stopped_servers() -> int:
     """Drop the stopped servers without verifying (tests marked aspen_store_unchecked)."""
     n = len(_servers)
-    _servers[:] = [s for s in _servers if not (s.proc is None or s.proc.poll() is not None)]
+    _servers[:] = [s for s in _servers if not _stopped(s)]
     return n - len(_servers)

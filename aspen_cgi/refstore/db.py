@@ -216,6 +216,16 @@ def version_updates(conn: Conn, version: int) -> list[tuple[str, str, str, int, 
                              (version,)))
 
 
+def void_update(conn: Conn, version: int, ref: str) -> None:
+    """VERSION never moved REF on disk: its update becomes a no-op and REF's tips from it go."""
+    conn.execute("UPDATE updates SET new = old, ff = 1 WHERE version = ? AND ref = ?", (version, ref))
+    conn.execute("DELETE FROM tips WHERE version = ? AND ref = ?", (version, ref))
+
+
+def drop_introduced(conn: Conn, version: int) -> None:
+    conn.execute("DELETE FROM introduced WHERE version = ?", (version,))
+
+
 def mark_done(conn: Conn, version: int) -> bool:
     return conn.execute("UPDATE versions SET state = 'done', owner = NULL WHERE id = ? AND state = 'pending'",
                         (version,)).rowcount == 1
@@ -247,8 +257,9 @@ def count_versions(conn: Conn) -> int:
 
 def value_at(conn: Conn, ref: str, version: int) -> Optional[str]:
     """The value of REF after VERSION (None if it did not exist)."""
-    row = conn.execute("SELECT new FROM updates WHERE ref = ? AND version <= ? ORDER BY version DESC LIMIT 1",
-                       (ref, version)).fetchone()
+    row = conn.execute("SELECT new FROM updates WHERE ref = ? AND version <= ?"
+                       " AND version NOT IN (SELECT id FROM versions WHERE state = 'pending')"
+                       " ORDER BY version DESC LIMIT 1", (ref, version)).fetchone()
     if row is None or row[0] == "0" * 40:
         return None
     return row[0]

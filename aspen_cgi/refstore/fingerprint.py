@@ -20,7 +20,8 @@ import stat
 import time
 from dataclasses import dataclass
 
-RACY_NS = 100_000_000
+RACY_NS = 100_000_000           # file systems with nanosecond timestamps (ext4, xfs, btrfs, tmpfs)
+COARSE_RACY_NS = 2_000_000_000  # whole-second timestamps (ext3, small-inode ext4, HFS+, many NFS servers)
 
 # (path) -> (dir stat key, subdirectory names); only filled from non-racy listings
 _listings: dict[str, tuple[tuple[int, int, int], list[str]]] = {}
@@ -31,10 +32,11 @@ class Fingerprint:
     digest: str
     newest_ns: int
     taken_ns: int
+    coarse: bool = False    # every timestamp seen was a whole second
 
     @property
     def trusted(self) -> bool:
-        return self.taken_ns - self.newest_ns > RACY_NS
+        return self.taken_ns - self.newest_ns > (COARSE_RACY_NS if self.coarse else RACY_NS)
 
 
 def _key(st: os.stat_result) -> tuple[int, int, int]:
@@ -45,11 +47,13 @@ def take(gitdir: str) -> Fingerprint:
     taken = time.time_ns()
     h = hashlib.sha1()
     newest = 0
+    coarse = True
     for name in ("HEAD", "packed-refs"):
         try:
             st = os.stat(os.path.join(gitdir, name))
             h.update(f"{name} {_key(st)}\n".encode())
             newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+            coarse = coarse and st.st_mtime_ns % 1_000_000_000 == 0
         except OSError:
             h.update(f"{name} -\n".encode())
     stack = [os.path.join(gitdir, "refs")]
@@ -65,6 +69,7 @@ def take(gitdir: str) -> Fingerprint:
         key = _key(st)
         h.update(f"{path} {key}\n".encode())
         newest = max(newest, st.st_mtime_ns)
+        coarse = coarse and st.st_mtime_ns % 1_000_000_000 == 0
         cached = _listings.get(path)
         if cached is not None and cached[0] == key:
             subdirs = cached[1]
@@ -74,7 +79,7 @@ def take(gitdir: str) -> Fingerprint:
                     subdirs = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
             except OSError:
                 subdirs = []
-            if taken - st.st_mtime_ns > RACY_NS:
+            if taken - st.st_mtime_ns > COARSE_RACY_NS:
                 _listings[path] = (key, subdirs)
         stack.extend(os.path.join(path, s) for s in reversed(subdirs))
-    return Fingerprint(h.hexdigest(), newest, taken)
+    return Fingerprint(h.hexdigest(), newest, taken, coarse and newest > 0)

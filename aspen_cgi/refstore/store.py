@@ -98,15 +98,33 @@ def owner_alive(owner: Optional[str]) -> bool:
         return True
 
 
+def _file_id(path: str) -> Optional[tuple[int, int]]:
+    try:
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+
+
 def _connection(path: str) -> db.Conn:
-    """One connection per thread and file, dropped after a fork."""
+    """One connection per thread and file, dropped after a fork, and
+    reopened when the file was deleted or replaced (`rm -r aspen/` re-imports)."""
     conns = getattr(_local, "conns", None)
     if conns is None or getattr(_local, "pid", None) != os.getpid():
         conns = _local.conns = {}
         _local.pid = os.getpid()
-    conn = conns.get(path)
-    if conn is None:
-        conn = conns[path] = db.connect(path)
+    cached = conns.get(path)
+    if cached is not None and cached[1] == _file_id(path):
+        return cached[0]
+    if cached is not None:
+        try:
+            cached[0].close()
+        except db.Error:
+            pass
+        with _lock:
+            _snapshots.pop(path, None)
+    conn = db.connect(path)
+    conns[path] = (conn, _file_id(path))
     return conn
 
 
@@ -379,7 +397,9 @@ class RefStore:
         become no-ops), apply it to the current refs, and compact."""
         def tx(conn: db.Conn) -> None:
             for ref in void:
-                conn.execute("UPDATE updates SET new = old, ff = 1 WHERE version = ? AND ref = ?", (vid, ref))
+                db.void_update(conn, vid, ref)
+            if void and len(void) == len(db.version_updates(conn, vid)):
+                db.drop_introduced(conn, vid)
             if not db.mark_done(conn, vid):
                 return
             for ref, old, new, ff, otype, peeled in db.version_updates(conn, vid):
