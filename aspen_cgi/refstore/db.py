@@ -226,6 +226,18 @@ def drop_introduced(conn: Conn, version: int) -> None:
     conn.execute("DELETE FROM introduced WHERE version = ?", (version,))
 
 
+def claim_pending(conn: Conn, version: int, owner: Optional[str], me: str) -> bool:
+    """Take over pending VERSION from its dead OWNER (False when someone else did first)."""
+    return conn.execute("UPDATE versions SET owner = ? WHERE id = ? AND state = 'pending' AND owner IS ?",
+                        (me, version, owner)).rowcount == 1
+
+
+def latest_done_update(conn: Conn, ref: str) -> Optional[tuple[str, Optional[str], Optional[str], int]]:
+    """(new, type, peeled, version) of REF's newest update among done versions."""
+    return conn.execute("SELECT u.new, u.type, u.peeled, u.version FROM updates u JOIN versions v ON v.id = u.version"
+                        " WHERE u.ref = ? AND v.state = 'done' ORDER BY u.version DESC LIMIT 1", (ref,)).fetchone()
+
+
 def mark_done(conn: Conn, version: int) -> bool:
     return conn.execute("UPDATE versions SET state = 'done', owner = NULL WHERE id = ? AND state = 'pending'",
                         (version,)).rowcount == 1

@@ -245,10 +245,7 @@ class RefStore:
                 continue
             me = owner_id()
 
-            def claim(conn: db.Conn, vid=vid, owner=owner) -> bool:
-                return conn.execute("UPDATE versions SET owner = ? WHERE id = ? AND state = 'pending' AND owner IS ?",
-                                    (me, vid, owner)).rowcount == 1
-            if not db.write(self.conn, claim):
+            if not db.write(self.conn, lambda conn, vid=vid, owner=owner: db.claim_pending(conn, vid, owner, me)):
                 continue
             ups = db.version_updates(self.conn, vid)
             disk = diskrefs.read_some(self.gitdir, [r for r, *_ in ups])
@@ -403,9 +400,7 @@ class RefStore:
             if not db.mark_done(conn, vid):
                 return
             for ref, old, new, ff, otype, peeled in db.version_updates(conn, vid):
-                latest = conn.execute(
-                    "SELECT u.new, u.type, u.peeled, u.version FROM updates u JOIN versions v ON v.id = u.version"
-                    " WHERE u.ref = ? AND v.state = 'done' ORDER BY u.version DESC LIMIT 1", (ref,)).fetchone()
+                latest = db.latest_done_update(conn, ref)
                 if latest is None or latest[0] == ZERO:
                     db.delete_refs(conn, [ref])
                 else:
