@@ -18,7 +18,7 @@ from .protocol import pktline, push
 from .protocol.push import ZERO, Command, RefResult
 from .refname import check_refname_format
 from .refs import HiddenRefs, namespace_prefix, object_info
-from .refstore.store import fault
+from .refstore.owners import fault
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
 
 

@@ -233,7 +233,7 @@ def test_verify_reports_a_pending_version_of_a_live_writer(tmp_path):
     assert aspen("verify", str(repo)).returncode == 0
     conn = sqlite3.connect(str(repo / "aspen" / "aspen.sqlite3"))
     # a writer that is alive (this test process) and stuck between store and disk
-    from aspen_cgi.refstore.store import owner_id
+    from aspen_cgi.refstore.owners import owner_id
     conn.execute("INSERT INTO versions(id, kind, at, state, owner) VALUES (2, 'push', 0, 'pending', ?)", (owner_id(),))
     conn.commit()
     conn.close()

@@ -28,7 +28,7 @@ class DiskRef:
     symref: Optional[str] = None
 
 
-def _packed(gitdir: str) -> dict[str, DiskRef]:
+def read_packed(gitdir: str) -> dict[str, DiskRef]:
     out: dict[str, DiskRef] = {}
     try:
         with open(os.path.join(gitdir, "packed-refs"), "rb") as f:
@@ -44,7 +44,7 @@ def _packed(gitdir: str) -> dict[str, DiskRef]:
     return out
 
 
-def _loose_value(path: str) -> Optional[DiskRef]:
+def loose_value(path: str) -> Optional[DiskRef]:
     try:
         with open(path, "rb") as f:
             text = f.read(4096).decode("utf-8", "surrogateescape")
@@ -61,7 +61,7 @@ def _loose_value(path: str) -> Optional[DiskRef]:
 
 def read_all(gitdir: str) -> dict[str, DiskRef]:
     """Every ref under refs/ as git's files backend resolves names (no peeling)."""
-    refs = _packed(gitdir)
+    refs = read_packed(gitdir)
     root = os.path.join(gitdir, "refs")
     stack = [("refs", root)]
     while stack:
@@ -75,7 +75,7 @@ def read_all(gitdir: str) -> dict[str, DiskRef]:
             if e.is_dir(follow_symlinks=False):
                 stack.append((full, e.path))
             elif not e.name.endswith(".lock") and check_refname_format(full):
-                value = _loose_value(e.path)
+                value = loose_value(e.path)
                 if value is not None:
                     refs[full] = value
                 elif full in refs and os.path.lexists(e.path):
@@ -90,12 +90,12 @@ def read_some(gitdir: str, names: Sequence[str]) -> dict[str, DiskRef]:
     for name in names:
         path = os.path.join(gitdir, *name.split("/"))
         if os.path.isfile(path):
-            value = _loose_value(path)
+            value = loose_value(path)
             if value is not None:
                 out[name] = value
             continue
         if packed is None:
-            packed = _packed(gitdir)
+            packed = read_packed(gitdir)
         if name in packed:
             out[name] = packed[name]
     return out
@@ -195,7 +195,7 @@ def _packed_cached(gitdir: str) -> dict[str, DiskRef]:
     hit = _packed_cache.get(gitdir)
     if hit is not None and hit[0] == key:
         return hit[1]
-    refs = _packed(gitdir)
+    refs = read_packed(gitdir)
     _packed_cache[gitdir] = (key, refs)
     return refs
 
@@ -261,7 +261,7 @@ class LooseWrite:
 
     def _current(self, ref: str, path: str) -> Optional[str]:
         if os.path.isfile(path):
-            value = _loose_value(path)
+            value = loose_value(path)
             return value.oid if value is not None and value.symref is None else None
         packed = _packed_cached(self.gitdir).get(ref)
         return packed.oid if packed is not None else ZERO

@@ -14,13 +14,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from .. import refs as refs_mod
-from . import db, diskrefs, fingerprint, segments
+from . import db, diskrefs, fingerprint, segments, views
+from .owners import fault, owner_alive, owner_id
 from .model import (ZERO, AncestryAnswer, CompactReport, RefChange, StoredRef, TipAnswer, Version, VersionMeta,
                     VerifyReport, Visits)
 
@@ -28,7 +28,6 @@ STATE_DIR_ENV = "ASPEN_STATE_DIR"     # keep the store outside read-only reposit
 DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no store
 
 # Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
-FAULT_ENV = "ASPEN_FAULT"
 LOCK_GRACE = 0.5   # seconds a dead writer's git child gets to drop its own locks
 
 _local = threading.local()
@@ -38,64 +37,11 @@ _inflight: set[tuple[str, int]] = set()
 _lock = threading.Lock()
 
 
-def fault(point: str, env: Mapping[str, str]) -> None:
-    """Tests only: with ASPEN_FAULT=POINT the process kills itself (SIGKILL)
-    here; with ASPEN_FAULT_ONCE=FILE as well, only while FILE exists (it is
-    removed first), so a restarted worker runs clean."""
-    if (env.get(FAULT_ENV) or os.environ.get(FAULT_ENV)) != point:
-        return
-    once = env.get(FAULT_ENV + "_ONCE") or os.environ.get(FAULT_ENV + "_ONCE")
-    if once:
-        try:
-            os.unlink(once)
-        except OSError:
-            return
-    os.kill(os.getpid(), 9)
-
-
 def state_dir(gitdir: str, env: Mapping[str, str]) -> str:
     base = env.get(STATE_DIR_ENV) or os.environ.get(STATE_DIR_ENV)
     if base:
         return os.path.join(base, os.path.realpath(gitdir).lstrip("/"))
     return os.path.join(gitdir, "aspen")
-
-
-def _start_time(pid: int) -> Optional[str]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2:].split()
-        if fields[0] in (b"Z", b"X"):
-            return None     # a zombie is dead: killed, not yet reaped by its (maybe also dead) parent
-        return fields[19].decode()
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def owner_id() -> str:
-    pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or '-'}"
-
-
-def owner_alive(owner: Optional[str]) -> bool:
-    if not owner:
-        return False
-    try:
-        host, pid_s, start = owner.rsplit(":", 2)
-        pid = int(pid_s)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return True     # another host's writer: not ours to judge
-    if start != "-":
-        return _start_time(pid) == start
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _file_id(path: str) -> Optional[tuple[int, int]]:
@@ -176,11 +122,11 @@ class RefStore:
             if db.latest_version(conn):
                 return db.latest_version(conn)
             fp = fingerprint.take(self.gitdir)
-            rows = _read_git(self.gitdir, self.env)
+            rows = views.read_git(self.gitdir, self.env)
             v = db.insert_version(conn, "import", None, time.time(), None, "done", None)
             direct = [r for r in rows if r.symref is None]
             db.insert_updates(conn, v, [(r.name, ZERO, r.oid, False, r.otype, r.peeled) for r in direct])
-            db.insert_tips(conn, v, _tip_rows(direct))
+            db.insert_tips(conn, v, views.tip_rows(direct))
             db.put_refs(conn, rows, v)
             db.set_state(conn, "fingerprint", fp.digest if fp.trusted else None)
             db.set_state(conn, "compacted_through", "1")
@@ -196,7 +142,7 @@ class RefStore:
     def _sync_disk(self, fp: fingerprint.Fingerprint, stored_fp: Optional[str]) -> int:
         disk = diskrefs.read_all(self.gitdir)
         stored = {r.name: r for r in self._stored_rows()}
-        if _same(disk, stored, self._pending_refs(self.conn)):
+        if views.same(disk, stored, self._pending_refs(self.conn)):
             value = fp.digest if fp.trusted else None
             if value is None and stored_fp is None:
                 return db.latest_version(self.conn)
@@ -210,10 +156,10 @@ class RefStore:
             # The disk is read under the write lock: a push that finished (disk written, version
             # done) after an earlier read would otherwise be recorded as reverted by an
             # "external" version. Values are compared, not the types a push recorded.
-            rows = {r.name: r for r in _read_git(self.gitdir, self.env)}
+            rows = {r.name: r for r in views.read_git(self.gitdir, self.env)}
             skip = self._pending_refs(conn)
             current = {r.name: r for r in db.all_refs(conn)}
-            changed = [r for n, r in rows.items() if n not in skip and _value(current.get(n)) != _value(r)]
+            changed = [r for n, r in rows.items() if n not in skip and views.ref_value(current.get(n)) != views.ref_value(r)]
             gone = [n for n in current if n not in rows and n not in skip]
             if changed or gone:
                 v = db.insert_version(conn, "external", None, time.time(), None, "done", None)
@@ -227,7 +173,7 @@ class RefStore:
                     if current[n].symref is None:
                         ups.append((n, current[n].oid, ZERO, False, None, None))
                 db.insert_updates(conn, v, ups)
-                db.insert_tips(conn, v, _tip_rows([r for r in changed if r.symref is None]))
+                db.insert_tips(conn, v, views.tip_rows([r for r in changed if r.symref is None]))
                 db.put_refs(conn, changed, v)
                 db.delete_refs(conn, gone)
                 self._compact(conn)
@@ -274,10 +220,10 @@ class RefStore:
         nobody else could take it meanwhile. A lock taken later belongs to a
         live writer."""
         locks = [os.path.join(self.gitdir, *ref.split("/")) + ".lock"]
-        head = diskrefs._loose_value(os.path.join(self.gitdir, "HEAD"))
+        head = diskrefs.loose_value(os.path.join(self.gitdir, "HEAD"))
         if head is not None and head.symref == ref:
             locks.append(os.path.join(self.gitdir, "HEAD.lock"))
-        if delete and ref in diskrefs._packed(self.gitdir):
+        if delete and ref in diskrefs.read_packed(self.gitdir):
             # under packed-refs.lock git also writes the new file as packed-refs.new
             locks += [os.path.join(self.gitdir, "packed-refs.lock"), os.path.join(self.gitdir, "packed-refs.new")]
         def stale() -> list[str]:
@@ -330,7 +276,7 @@ class RefStore:
             hit = _views.get(key)
             if hit is not None and hit[0] is rows:
                 return hit[1]
-        snap = _to_snapshot(rows, self.gitdir, self.env, namespace)
+        snap = views.to_snapshot(rows, self.gitdir, self.env, namespace)
         with _lock:
             if len(_views) > 256:
                 _views.clear()
@@ -492,168 +438,8 @@ class RefStore:
     # -- verification -----------------------------------------------------------------------------
 
     def verify(self, progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
-        """The store against itself, against the refs on disk, and against the
-        object store (every stored value exists; every ref is connected)."""
-        rep = VerifyReport()
-        rep.problems += [f"sqlite: {p}" for p in db.integrity(self.conn)]
-        with db.reading(self.conn) as conn:
-            rep.versions = db.count_versions(conn)
-            pending = db.pending_versions(conn)
-            rows = db.all_refs(conn)
-            replay = db.replay_refs(conn)
-        rep.refs = len(rows)
-        for path in diskrefs.stale_locks(self.gitdir, 60.0):
-            rep.problems.append(f"stale lock file {path} (over a minute old; remove it if no git process runs)")
-        for vid, owner, _ in pending:
-            rep.problems.append(f"version {vid} is pending (writer {owner}, "
-                                f"{'alive' if owner_alive(owner) else 'gone'})")
-        stored = {r.name: r for r in rows}
-        direct = {n: r.oid for n, r in stored.items() if r.symref is None}
-        if replay != direct:
-            for n in sorted(set(replay) | set(direct)):
-                if replay.get(n) != direct.get(n):
-                    rep.problems.append(f"{n}: versions replay to {replay.get(n)}, current table says {direct.get(n)}")
-        disk = {r.name: r for r in _read_git(self.gitdir, self.env)}
-        for n in sorted(set(disk) | set(stored)):
-            a, b = disk.get(n), stored.get(n)
-            da = (a.oid, a.symref) if a else None
-            db_ = (b.oid, b.symref) if b else None
-            if da != db_:
-                rep.problems.append(f"{n}: disk has {da}, store has {db_}")
-        for r in rows:
-            if r.symref is None and r.otype == "missing":
-                rep.problems.append(f"{r.name}: object {r.oid} is missing")
-        if progress:
-            progress("checking connectivity")
-        tips = sorted({r.oid for r in rows if r.oid})
-        if tips:
-            from .. import gitexec
-            res = gitexec.git(["rev-list", "--objects", "--quiet", "--stdin"], cwd=self.gitdir,
-                              env=dict(self.env), input="".join(t + "\n" for t in tips).encode())
-            if not res.ok:
-                rep.problems.append("objects: not every ref is connected: "
-                                    + res.stderr.decode("utf-8", "replace").strip()[:500])
-        return rep
+        """The store against itself, the refs on disk and the objects."""
+        from .verify import verify
+        return verify(self.conn, self.gitdir, self.env, progress)
 
 
-def gitexec_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = dict(env)
-    out["GIT_DIR"] = "."
-    return out
-
-
-def _value(r: Optional[StoredRef]) -> Optional[tuple[Optional[str], Optional[str]]]:
-    return None if r is None else (r.oid, r.symref)
-
-
-def _tip_rows(rows: Sequence[StoredRef]) -> list[tuple[str, str]]:
-    out = []
-    for r in rows:
-        if r.oid:
-            out.append((r.oid, r.name))
-            if r.peeled:
-                out.append((r.peeled, r.name))
-    return out
-
-
-def _read_git(gitdir: str, env: Mapping[str, str]) -> list[StoredRef]:
-    """Every ref under refs/ as git reads it, with types and peeled values."""
-    snap = refs_mod.read_refs(gitdir, {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}, None)
-    out = []
-    for r in snap.refs:
-        if r.symref_target:
-            out.append(StoredRef(r.name, None, r.symref_target))
-        else:
-            otype = "missing" if r.missing else ("tag" if r.peeled else None)
-            out.append(StoredRef(r.name, r.oid, None, otype, r.peeled))
-    return out
-
-
-def _same(disk: Mapping[str, diskrefs.DiskRef], stored: Mapping[str, StoredRef], skip: set[str]) -> bool:
-    dangling = {n for n, r in disk.items() if r.symref and _resolve_disk(disk, n) not in disk}
-    names = (set(disk) - dangling | set(stored)) - skip
-    for n in names:
-        a, b = disk.get(n), stored.get(n)
-        if a is None or b is None:
-            return False
-        if a.symref is not None or b.symref is not None:
-            # stored symrefs name the end of their chain; compare where they lead
-            if _resolve_disk(disk, n) != (_resolve_stored(stored, n)):
-                return False
-        elif a.oid != b.oid:
-            return False
-    return True
-
-
-def _resolve_disk(disk: Mapping[str, diskrefs.DiskRef], name: str) -> Optional[str]:
-    seen = set()
-    while name in disk and disk[name].symref and name not in seen:
-        seen.add(name)
-        name = disk[name].symref
-    return name
-
-
-def _resolve_stored(stored: Mapping[str, StoredRef], name: str) -> Optional[str]:
-    r = stored.get(name)
-    return r.symref if r is not None and r.symref else name
-
-
-def _to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], namespace: Optional[str]) -> refs_mod.RefSnapshot:
-    prefix = refs_mod.namespace_prefix(namespace)
-    by_name = {r.name: r for r in rows}
-    Ref = refs_mod.Ref
-
-    def value(r: StoredRef) -> Optional[StoredRef]:
-        if r.symref is None:
-            return r
-        t = by_name.get(r.symref)
-        return t if t is not None and t.symref is None else None
-
-    out = []
-    for r in rows:
-        name = r.name
-        if prefix:
-            if not name.startswith(prefix):
-                continue
-            name = name[len(prefix):]
-            if name == "HEAD" or not name.startswith("refs/"):
-                continue
-        v = value(r)
-        if v is None:
-            continue
-        target = None
-        if r.symref:
-            target = r.symref
-            if prefix:
-                target = target[len(prefix):] if target.startswith(prefix) else None
-        out.append(Ref(name, v.oid, v.peeled if v.otype == "tag" else None, target, v.otype == "missing"))
-    index = {r.name: r for r in out}
-    head = None
-    if prefix:
-        row = by_name.get(prefix + "HEAD")
-        target = direct = None
-        if row is not None:
-            if row.symref:
-                target = row.symref[len(prefix):] if row.symref.startswith(prefix) else None
-            else:
-                direct = row
-        if target is not None:
-            ref = index.get(target)
-            if ref is not None:
-                head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
-        elif direct is not None:
-            head = Ref("HEAD", direct.oid, direct.peeled if direct.otype == "tag" else None, None,
-                       direct.otype == "missing")
-        return refs_mod.RefSnapshot(tuple(out), head, target, prefix)
-    target, direct_oid = refs_mod._read_head_file(gitdir, "")
-    if target is not None:
-        t = by_name.get(target)
-        if t is not None and t.symref:
-            target = t.symref
-        ref = index.get(target)
-        if ref is not None:
-            head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
-    elif direct_oid:
-        info = refs_mod.object_info(gitdir, gitexec_env(env), [direct_oid]).get(direct_oid, ("missing", None))
-        head = Ref("HEAD", direct_oid, info[1] if info[0] == "tag" else None, None, info[0] == "missing")
-    return refs_mod.RefSnapshot(tuple(out), head, target, prefix)

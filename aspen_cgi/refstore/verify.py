@@ -1,0 +1,58 @@
+"""`aspen verify`: the ref store against itself (SQLite integrity, versions
+replaying to the current refs, nothing pending, no stale lock), against the
+refs on disk as git reads them, and against the objects (every ref's
+closure present)."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional
+
+from .. import gitexec
+from . import db, diskrefs, views
+from .model import VerifyReport
+from .owners import owner_alive
+
+STALE_LOCK_SECONDS = 60.0
+
+
+def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
+           progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
+    rep = VerifyReport()
+    rep.problems += [f"sqlite: {p}" for p in db.integrity(store_conn)]
+    with db.reading(store_conn) as conn:
+        rep.versions = db.count_versions(conn)
+        pending = db.pending_versions(conn)
+        rows = db.all_refs(conn)
+        replay = db.replay_refs(conn)
+    rep.refs = len(rows)
+    for path in diskrefs.stale_locks(gitdir, STALE_LOCK_SECONDS):
+        rep.problems.append(f"stale lock file {path} (over a minute old; remove it if no git process runs)")
+    for vid, owner, _ in pending:
+        rep.problems.append(f"version {vid} is pending (writer {owner}, "
+                            f"{'alive' if owner_alive(owner) else 'gone'})")
+    stored = {r.name: r for r in rows}
+    direct = {n: r.oid for n, r in stored.items() if r.symref is None}
+    if replay != direct:
+        for n in sorted(set(replay) | set(direct)):
+            if replay.get(n) != direct.get(n):
+                rep.problems.append(f"{n}: versions replay to {replay.get(n)}, current table says {direct.get(n)}")
+    disk = {r.name: r for r in views.read_git(gitdir, env)}
+    for n in sorted(set(disk) | set(stored)):
+        a, b = disk.get(n), stored.get(n)
+        da = (a.oid, a.symref) if a else None
+        db_ = (b.oid, b.symref) if b else None
+        if da != db_:
+            rep.problems.append(f"{n}: disk has {da}, store has {db_}")
+    for r in rows:
+        if r.symref is None and r.otype == "missing":
+            rep.problems.append(f"{r.name}: object {r.oid} is missing")
+    if progress:
+        progress("checking connectivity")
+    tips = sorted({r.oid for r in rows if r.oid})
+    if tips:
+        res = gitexec.git(["rev-list", "--objects", "--quiet", "--stdin"], cwd=gitdir,
+                          env=dict(env), input="".join(t + "\n" for t in tips).encode())
+        if not res.ok:
+            rep.problems.append("objects: not every ref is connected: "
+                                + res.stderr.decode("utf-8", "replace").strip()[:500])
+    return rep
