@@ -78,6 +78,7 @@ else
     || step 3600 stale-branch --preset "$preset" --max-n "$small_n" || failed+=(stale-branch)
   step "${BENCH_PUSH_LIMIT:-7200}" push-history --preset "$preset" --pushes "$big_p" \
     || step 3600 push-history --preset "$preset" --pushes "$small_p" || failed+=(push-history)
+  step 1800 ref-advertisement --preset "$preset" || failed+=(ref-advertisement)
   step 1800 writers --preset "$preset" --writers "${BENCH_WRITERS:-16}" --seconds "${BENCH_SECONDS:-30}" \
     || failed+=(writers)
   step 3600 random-fetch --preset "${BENCH_RANDOM_PRESET:-small}" --fetches "${BENCH_FETCHES:-200}" \
