@@ -189,6 +189,12 @@ class CgiServer:
     program: str = "stock"
     httpd: Optional[_CgiHTTPServer] = None
     log: Optional[Path] = None
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        if self.program == "aspen":
+            from . import harness
+            harness.track(self)    # its repositories' ref stores are verified after it stops
 
     @property
     def url(self) -> str:
@@ -211,6 +217,7 @@ class CgiServer:
             self.httpd.shutdown()
             self.httpd.server_close()
             self._logf.close()
+        self.done = True
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log else ""

@@ -240,8 +240,16 @@ def fsck_strict(repo: str) -> None:
 _servers: list[Server] = []    # every Server made in this process, until its repositories are verified
 
 
-def _stopped(s: Server) -> bool:
-    return s.proc is None or s.proc.poll() is not None
+def track(server) -> None:
+    """Verify SERVER's repositories once it stops (any server with .root, .env
+    and either .proc or .done)."""
+    _servers.append(server)
+
+
+def _stopped(s) -> bool:
+    if hasattr(s, "proc"):
+        return s.proc is None or s.proc.poll() is not None
+    return bool(getattr(s, "done", False))
 
 
 def git_dirs(root: Path) -> list[Path]:
