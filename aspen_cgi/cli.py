@@ -1,5 +1,6 @@
 """`aspen`: the operator's command line. `dev` serves repositories; `log`,
-`verify`, `compact` and `query` read and maintain a repository's ref store."""
+`verify`, `compact`, `import` and `query` read and maintain a repository's
+ref store and version packs."""
 
 from __future__ import annotations
 
@@ -90,6 +91,21 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    store = _open(args.repo)
+    from .packs.versionpack import DeltaSearch
+    from .progress import Bar
+    bar = Bar("building version packs", enabled=not args.quiet)
+    built = store.build_packs(DeltaSearch(args.window, args.depth, args.compression),
+                              progress=lambda done, total, v: bar.update(done, total, f"version {v}"))
+    bar.finish()
+    objects = sum(p.objects for _, p in built if p)
+    size = sum(p.size for _, p in built if p)
+    print(f"imported: {store.latest()} versions; {len(built)} version packs built now "
+          f"({objects} objects, {size} bytes) in {store.packs_dir}")
+    return 0
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     store = _open(args.repo)
     if args.what == "ancestor":
@@ -155,6 +171,19 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("repo", help="path of the repository")
     compact.add_argument("--json", action="store_true", help="print the result as JSON")
     compact.set_defaults(func=_cmd_compact)
+
+    imp = sub.add_parser("import", help="record the repository and build its version packs now",
+                         description="Bring the ref store up to the refs on disk (recording the repository as "
+                                     "version 1 on first use), then build every version pack not built yet: the "
+                                     "import version's pack holds the whole repository, each later version's is "
+                                     "the thin pack of what it introduced. Packs are built once with a wide delta "
+                                     "search, so this can take minutes on a large repository.")
+    imp.add_argument("repo", help="path of the repository")
+    imp.add_argument("--window", type=int, default=250, help="delta search window (default 250)")
+    imp.add_argument("--depth", type=int, default=50, help="maximum delta chain depth (default 50)")
+    imp.add_argument("--compression", type=int, default=9, help="zlib level 0-9 (default 9)")
+    imp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    imp.set_defaults(func=_cmd_import)
 
     query = sub.add_parser("query", help="ask the ref store a history question (JSON answer with visit counts)",
                            description="`ancestor REPO REF J K`: is REF's value at version J an ancestor of its "

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from .model import StoredRef, Update, Version
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_MS = 20000          # one wait for the write lock
 RETRY_SECONDS = 120.0    # total patience before a busy database becomes an error
 
@@ -60,7 +60,14 @@ def _m1(db) -> None:
     db["state"].create({"key": str, "value": str}, pk="key")
 
 
-MIGRATIONS: list[Callable] = [_m1]
+def _m2(db) -> None:
+    """Version packs (issue 5): the stored thin pack of each version, and its boundary."""
+    db["version_packs"].create({"version": int, "name": str, "objects": int, "size": int, "built_at": float,
+                                "window": int, "depth": int, "compression": int}, pk="version")
+    db["boundaries"].create({"version": int, "commit_oid": str}, pk=("version", "commit_oid"))
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2]
 
 
 def _migrate(conn: Conn) -> None:
@@ -323,6 +330,47 @@ def segment_counts(conn: Conn) -> tuple[int, int, int]:
     """(segments, segment rows, highest level)."""
     row = conn.execute("SELECT count(*), coalesce(sum(refs), 0), coalesce(max(level), 0) FROM segments").fetchone()
     return row[0], row[1], row[2]
+
+
+# -- version packs ------------------------------------------------------------------------------
+
+def versions_without_pack(conn: Conn, limit: int) -> list[int]:
+    """Done versions, oldest first, that have no version pack yet."""
+    return [v for (v,) in conn.execute(
+        "SELECT id FROM versions WHERE state = 'done' AND id NOT IN (SELECT version FROM version_packs)"
+        " ORDER BY id LIMIT ?", (limit,))]
+
+
+def refs_before(conn: Conn, version: int) -> dict[str, str]:
+    """S_{v-1}: every ref's value after the done versions before VERSION (one pass over history)."""
+    out: dict[str, str] = {}
+    rows = conn.execute("SELECT u.ref, u.new FROM updates u JOIN versions v ON v.id = u.version"
+                        " WHERE v.state = 'done' AND u.version < ? ORDER BY u.version", (version,))
+    for ref, new in rows:
+        if new == "0" * 40:
+            out.pop(ref, None)
+        else:
+            out[ref] = new
+    return out
+
+
+def record_pack(conn: Conn, version: int, name: str, objects: int, size: int, at: float,
+                window: int, depth: int, compression: int, boundary: Iterable[str]) -> None:
+    conn.execute("INSERT OR REPLACE INTO version_packs(version, name, objects, size, built_at, window, depth,"
+                 " compression) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                 (version, name, objects, size, at, window, depth, compression))
+    conn.executemany("INSERT OR IGNORE INTO boundaries(version, commit_oid) VALUES (?, ?)",
+                     [(version, c) for c in boundary])
+
+
+def version_pack(conn: Conn, version: int) -> Optional[tuple[str, int, int]]:
+    """(name, objects, size) of VERSION's pack, if built."""
+    return conn.execute("SELECT name, objects, size FROM version_packs WHERE version = ?", (version,)).fetchone()
+
+
+def version_boundary(conn: Conn, version: int) -> list[str]:
+    return [c for (c,) in conn.execute("SELECT commit_oid FROM boundaries WHERE version = ? ORDER BY commit_oid",
+                                       (version,))]
 
 
 def checkpoint(conn: Conn) -> None:

@@ -387,6 +387,50 @@ class RefStore:
         segs, rows, top = db.segment_counts(self.conn)
         return CompactReport(n, built, segs, rows, top)
 
+    # -- version packs ---------------------------------------------------------------------------
+
+    @property
+    def packs_dir(self) -> str:
+        return os.path.join(os.path.dirname(self.path), "packs")
+
+    def build_packs(self, search=None, limit: Optional[int] = None,
+                    progress: Optional[Callable[[int, int, int], None]] = None) -> list[tuple[int, object]]:
+        """Build the version packs not built yet, oldest version first (the
+        import version's is the whole repository). PROGRESS(done, total, version)."""
+        from ..packs import versionpack as vp
+        search = search or vp.DeltaSearch()
+        todo = db.versions_without_pack(self.conn, limit or (1 << 62))
+        if not todo:
+            return []
+        values = db.refs_before(self.conn, todo[0])
+        out = []
+        for n, vid in enumerate(todo):
+            if progress:
+                progress(n, len(todo), vid)
+            ups = db.version_updates(self.conn, vid)
+            tips = [new for _, _, new, _, _, _ in ups if new != ZERO]
+            peeled = [p if t == "tag" and p else new for _, _, new, _, t, p in ups
+                      if new != ZERO and t in (None, "commit", "tag")]
+            b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(set(values.values())))
+            built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search) if tips else None
+            db.write(self.conn, lambda conn, vid=vid, built=built, b=b: db.record_pack(
+                conn, vid, built.name if built else "", built.objects if built else 0, built.size if built else 0,
+                time.time(), search.window, search.depth, search.compression, b.commits))
+            out.append((vid, built))
+            for ref, _, new, _, _, _ in ups:
+                if new == ZERO:
+                    values.pop(ref, None)
+                else:
+                    values[ref] = new
+        if progress:
+            progress(len(todo), len(todo), todo[-1])
+        return out
+
+    def version_pack(self, version: int):
+        """(name, objects, size) of VERSION's pack, and its boundary commits; None if not built."""
+        row = db.version_pack(self.conn, version)
+        return None if row is None else (row, db.version_boundary(self.conn, version))
+
     # -- history queries ------------------------------------------------------------------------
 
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer:

@@ -1,0 +1,119 @@
+"""Version packs (DESIGN §5): for a push version v with new values T_v, the
+thin pack Q_v of the objects reachable from T_v and not from its boundary
+B_v (the commits just outside what v introduced), with an index of exactly
+its own entries. Built once, after the push, with a wider delta search than
+a per-request server can afford, and kept beside the ref store.
+
+`git index-pack` cannot index a thin pack alone; with `--fix-thin` it
+appends the missing bases after the pack's own entries, leaving their
+offsets unchanged. So the index is made that way in a scratch file, and the
+entries that lie inside the thin pack are written as its own index.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .. import gitexec
+
+
+class BuildError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class DeltaSearch:
+    window: int = 250
+    depth: int = 50
+    compression: int = 9
+
+
+@dataclass(frozen=True)
+class Boundary:
+    introduced: tuple[str, ...]    # commits reachable from the tips and from no earlier ref value
+    commits: tuple[str, ...]       # B_v: parents of those outside them, and tips that already existed
+
+
+@dataclass(frozen=True)
+class BuiltPack:
+    name: str        # the pack's SHA-1 trailer, hex
+    pack: str
+    idx: str
+    objects: int
+    size: int
+
+
+def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled: Sequence[str],
+                before: Sequence[str]) -> Boundary:
+    """N_v and B_v for new values TIPS (PEELED: their commits) against the ref values BEFORE."""
+    if not tips:
+        return Boundary((), ())
+    stdin = "".join(f"{t}\n" for t in peeled) + "".join(f"^{b}\n" for b in before)
+    res = gitexec.git(["rev-list", "--parents", "--stdin"], cwd=gitdir, env=dict(env), input=stdin.encode())
+    if not res.ok:
+        raise BuildError(res.stderr.decode("utf-8", "replace").strip())
+    parents: dict[str, list[str]] = {}
+    for line in res.stdout.decode().splitlines():
+        parts = line.split()
+        if parts:
+            parents[parts[0]] = parts[1:]
+    outside = {p for ps in parents.values() for p in ps if p not in parents}
+    outside.update(p for p in peeled if p not in parents)
+    return Boundary(tuple(parents), tuple(sorted(outside)))
+
+
+def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
+          search: DeltaSearch = DeltaSearch()) -> BuiltPack:
+    """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx."""
+    os.makedirs(outdir, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="build-", dir=outdir)
+    try:
+        thin = os.path.join(scratch, "thin.pack")
+        stdin = "".join(f"{t}\n" for t in tips) + "".join(f"^{b}\n" for b in boundary)
+        with open(thin, "wb") as out:
+            proc = gitexec.start(["-c", f"pack.compression={search.compression}", "pack-objects", "--revs",
+                                  "--thin", "--stdout", "-q", "--delta-base-offset", f"--window={search.window}",
+                                  f"--depth={search.depth}"],
+                                 cwd=gitdir, env=dict(env), stdin=gitexec.PIPE, stdout=out, stderr=gitexec.PIPE)
+            _, err = proc.communicate(stdin.encode())
+        if proc.returncode != 0:
+            raise BuildError(err.decode("utf-8", "replace").strip())
+        size = os.path.getsize(thin)
+        with open(thin, "rb") as f:
+            f.seek(size - 20)
+            trailer = f.read(20)
+        fixed_pack, fixed_idx = os.path.join(scratch, "fixed.pack"), os.path.join(scratch, "fixed.idx")
+        with open(thin, "rb") as src:
+            proc = gitexec.start(["index-pack", "--stdin", "--fix-thin", "-o", fixed_idx, fixed_pack],
+                                 cwd=gitdir, env=dict(env), stdin=src, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
+            _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise BuildError(err.decode("utf-8", "replace").strip())
+        entries = _own_entries(fixed_idx, size - 20)
+        name = trailer.hex()
+        pack_path = os.path.join(outdir, f"pack-{name}.pack")
+        idx_path = os.path.join(outdir, f"pack-{name}.idx")
+        tmp_idx = os.path.join(scratch, "own.idx")
+        from dulwich.pack import write_pack_index_v2
+        with open(tmp_idx, "wb") as f:
+            write_pack_index_v2(f, entries, trailer)
+        os.replace(thin, pack_path)
+        os.replace(tmp_idx, idx_path)
+        return BuiltPack(name, pack_path, idx_path, len(entries), size)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:
+    """(object id, offset, crc32) of the entries before offset END, sorted by id."""
+    from dulwich.object_format import SHA1
+    from dulwich.pack import load_pack_index
+    idx = load_pack_index(idx_path, SHA1)
+    try:
+        return sorted((sha, off, crc) for sha, off, crc in idx.iterentries() if off < end)
+    finally:
+        idx.close()
