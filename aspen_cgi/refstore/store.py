@@ -413,9 +413,13 @@ class RefStore:
                       if new != ZERO and t in (None, "commit", "tag")]
             b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(set(values.values())))
             built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search) if tips else None
-            db.write(self.conn, lambda conn, vid=vid, built=built, b=b: db.record_pack(
-                conn, vid, built.name if built else "", built.objects if built else 0, built.size if built else 0,
-                time.time(), search.window, search.depth, search.compression, b.commits))
+            def record(conn: db.Conn, vid=vid, built=built, b=b) -> None:
+                db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
+                db.insert_introduced(conn, vid, b.introduced)
+                db.record_pack(conn, vid, built.name if built else "", built.objects if built else 0,
+                               built.size if built else 0, time.time(), search.window, search.depth,
+                               search.compression, b.commits)
+            db.write(self.conn, record)
             out.append((vid, built))
             for ref, _, new, _, _, _ in ups:
                 if new == ZERO:
@@ -425,6 +429,12 @@ class RefStore:
         if progress:
             progress(len(todo), len(todo), todo[-1])
         return out
+
+    def all_packs_built(self) -> bool:
+        return not db.versions_without_pack(self.conn, 1)
+
+    def version_refs(self, version: int) -> tuple[str, ...]:
+        return tuple(r for r, *_ in db.version_updates(self.conn, version))
 
     def version_pack(self, version: int):
         """(name, objects, size) of VERSION's pack, and its boundary commits; None if not built."""

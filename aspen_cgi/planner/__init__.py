@@ -1,0 +1,1 @@
+"""The fetch planner (DESIGN §5): decides, does nothing else."""

@@ -1,0 +1,152 @@
+"""The planner over a real ref store with built version packs: whatever it
+plans, the client completes from those packs alone (each applied with
+index-pack --fix-thin --strict, then fsck --strict), and what it cannot
+prove falls back."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+from aspen_cgi.planner.plan import Fallback, Plan, plan
+from aspen_cgi.protocol.requests import FetchRequest
+from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.refstore.store import RefStore
+
+from . import harness as h
+from . import pushkit as pk
+
+CAPS = ["multi_ack_detailed", "thin-pack", "side-band-64k", "ofs-delta", "agent=git/2.39"]
+
+
+def _store(repo: Path) -> RefStore:
+    s = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    s.sync()
+    return s
+
+
+def _advertised(repo: Path) -> frozenset[str]:
+    return frozenset(h.refs_of(str(repo)).values())
+
+
+def _complete(client: Path, store: RefStore, p: Plan, wants: dict[str, str]) -> None:
+    for name in p.packs:
+        if not name:
+            continue
+        with open(os.path.join(store.packs_dir, f"pack-{name}.pack"), "rb") as f:
+            h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=f.read())
+    for ref, oid in wants.items():
+        h.git("update-ref", ref, oid, cwd=str(client))
+    h.fsck_strict(str(client))
+
+
+def test_clients_at_every_earlier_state_complete_from_the_plan(root, server, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    snapshots = []          # (client mirror at that moment)
+    rng = random.Random(7)
+    for i in range(8):
+        snap = tmp_path / f"client{i}.git"
+        h.git("clone", "-q", "--mirror", server.url + "/repo.git", str(snap))
+        snapshots.append(snap)
+        (work / f"f{rng.randrange(3)}.txt").write_text("".join(f"{i} {n}\n" for n in range(rng.randrange(50, 400))))
+        pk.commit(work, f"c{i}")
+        if i == 4:
+            h.git("push", "-q", "origin", "HEAD:refs/heads/cut", cwd=str(work))   # a branch cut mid-history
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store = _store(repo)
+    store.build_packs()
+    history = StoreHistory(store)
+    server_refs = h.refs_of(str(repo))
+    planned = 0
+    for snap in snapshots:
+        haves = sorted(set(h.refs_of(str(snap)).values()))
+        wants = {"refs/heads/main": server_refs["refs/heads/main"]}
+        req = FetchRequest(version=0, wants=[server_refs["refs/heads/main"]], haves=haves, capabilities=CAPS)
+        p = plan(req, history, _advertised(repo))
+        if isinstance(p, Fallback):
+            continue
+        planned += 1
+        assert 1 not in p.versions
+        client = tmp_path / "apply.git"
+        shutil.rmtree(client, ignore_errors=True)
+        shutil.copytree(snap, client)
+        _complete(client, store, p, wants)
+    assert planned == len(snapshots)       # every client state here is a fast-forward of trunk: all proved
+
+
+def test_full_clone_is_the_whole_history_from_the_import_pack_up(root, server, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    for i in range(3):
+        (work / "a.txt").write_text(f"{i}\n" * (i + 10))
+        pk.commit(work, f"c{i}")
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store = _store(repo)
+    store.build_packs()
+    refs = h.refs_of(str(repo))
+    req = FetchRequest(version=2, wants=sorted(set(refs.values())), capabilities=["thin-pack", "ofs-delta"])
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Plan) and p.versions[0] == 1
+    client = tmp_path / "empty.git"
+    h.git("init", "-q", "--bare", str(client))
+    _complete(client, store, p, refs)
+
+
+def test_what_cannot_be_proved_falls_back(root, server, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    store = _store(repo)
+    refs = h.refs_of(str(repo))
+    main = refs["refs/heads/main"]
+    hist = StoreHistory(store)
+    adv = _advertised(repo)
+    base = dict(version=0, wants=[main], capabilities=CAPS)
+    assert plan(FetchRequest(**base, deepen=1), hist, adv).reason == "shallow"
+    assert plan(FetchRequest(**base, filter="blob:none"), hist, adv).reason == "filter"
+    assert plan(FetchRequest(**base), hist, adv).reason == "not-built"
+    store.build_packs()
+    assert plan(FetchRequest(version=0, wants=["1" * 40], capabilities=CAPS), hist, adv).reason == "want-not-advertised"
+    assert plan(FetchRequest(version=0, wants=[main], capabilities=["ofs-delta"]), hist, adv).reason == "no-thin-pack"
+    # a client whose haves prove nothing would need the whole repository: git answers it
+    assert plan(FetchRequest(**base, haves=["2" * 40]), hist, adv).reason == "haves-not-proved"
+    # a push not yet packed makes every plan wait
+    work = tmp_path / "w"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    pk.commit(work, "more")
+    h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store.sync()
+    assert plan(FetchRequest(**base), hist, adv).reason == "not-built"
+
+
+def test_stale_branch_is_its_own_pack_and_a_log_n_proof(root, server, tmp_path):
+    """A client current on trunk fetches a branch cut N trunk pushes ago: one
+    version pack, its base proved an ancestor of the client's trunk."""
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    h.git("checkout", "-q", "-b", "stale", cwd=str(work))
+    (work / "stale.txt").write_text("branch work\n")
+    pk.commit(work, "stale")
+    h.git("push", "-q", "origin", "stale", cwd=str(work))
+    h.git("checkout", "-q", "main", cwd=str(work))
+    for i in range(20):
+        (work / "t.txt").write_text(f"{i}\n")
+        pk.commit(work, f"t{i}")
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    client = tmp_path / "client.git"
+    h.git("clone", "-q", "--bare", server.url + "/repo.git", str(client))
+    h.git("update-ref", "-d", "refs/heads/stale", cwd=str(client))
+    store = _store(repo)
+    store.build_packs()
+    refs = h.refs_of(str(repo))
+    haves = sorted(set(h.refs_of(str(client)).values()))
+    req = FetchRequest(version=2, wants=[refs["refs/heads/stale"]], haves=haves, capabilities=["thin-pack", "ofs-delta"])
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Plan), p
+    assert len(p.versions) == 1
+    assert p.segments_visited + p.versions_visited <= 2 * 5 + 4 + 4   # log2(22) < 5; tips lookups add a few
+    _complete(client, store, p, {"refs/heads/stale": refs["refs/heads/stale"]})
