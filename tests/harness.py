@@ -181,6 +181,7 @@ class Server:
     port: int = 0
     proc: Optional[subprocess.Popen] = None
     log: Optional[Path] = None
+    threads: int = 8               # gunicorn threads per worker (2 workers)
 
     def __post_init__(self) -> None:
         _servers.append(self)   # its repositories' ref stores are verified once it has stopped
@@ -197,7 +198,7 @@ class Server:
         env.update(self.env)
         self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
         self.proc = subprocess.Popen(
-            [GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", "8",
+            [GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", str(self.threads),
              "--workers", "2", "--timeout", "120", "aspen_cgi.wsgi:application"],
             env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
             cwd=str(Path(__file__).resolve().parent.parent))
@@ -317,3 +318,27 @@ def forget_stopped_servers() -> int:
     n = len(_servers)
     _servers[:] = [s for s in _servers if not _stopped(s)]
     return n - len(_servers)
+
+
+# -- the aspen command line, for tests that check a repository's ref store ----------------------
+
+REPO_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def aspen_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=120, cwd=REPO_DIR)
+
+
+def verify_ok(repo: Path) -> None:
+    p = aspen_cli("verify", "-q", str(repo))
+    assert p.returncode == 0, f"aspen verify failed:\n{p.stdout.decode()}{p.stderr.decode()}"
+
+
+def versions(repo: Path) -> list[dict]:
+    """`aspen log --json`, oldest first."""
+    import json
+    p = aspen_cli("log", "--json", str(repo))
+    assert p.returncode == 0, p.stderr.decode()
+    return sorted((json.loads(line) for line in p.stdout.decode().splitlines() if line.strip()),
+                  key=lambda v: v["id"])

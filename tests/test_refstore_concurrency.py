@@ -6,18 +6,15 @@ sees an HTTP 5xx or a traceback; the store verifies and git fsck passes."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from . import harness as h
+from .harness import verify_ok, versions
 from . import pushkit as pk
 from .pushkit import ZERO
 
@@ -27,39 +24,14 @@ WRITERS = 16
 REPO_DIR = str(Path(__file__).resolve().parent.parent)
 
 
-class WideServer(h.Server):
-    """The harness's gunicorn with room for every writer at once: each push
-    holds a thread for its whole POST, and the kernel does not spread
-    connections evenly over workers, so each worker gets a thread per writer."""
-
-    def start(self) -> "WideServer":
-        env = dict(os.environ)
-        env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1"})
-        env.update(self.env)
-        self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
-        self.proc = subprocess.Popen(
-            [h.GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", str(WRITERS),
-             "--workers", "2", "--timeout", "120", "aspen_cgi.wsgi:application"],
-            env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, cwd=REPO_DIR)
-        pattern = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+) \(%d\)" % self.proc.pid)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            m = pattern.search(self.log_text())
-            if m:
-                self.port = int(m.group(1))
-                return self
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gunicorn exited: {self.log_text()}")
-            time.sleep(0.05)
-        raise AssertionError("gunicorn did not start")
 
 
 @pytest.fixture
 def wide_server():
-    servers: list[WideServer] = []
+    servers: list[h.Server] = []
 
-    def start(root: Path) -> WideServer:
-        s = WideServer(root, {"ASPEN_ACCESS_LOG": "1"}).start()
+    def start(root: Path) -> h.Server:
+        s = h.Server(root, {"ASPEN_ACCESS_LOG": "1"}, threads=WRITERS).start()
         servers.append(s)
         return s
 
@@ -69,23 +41,6 @@ def wide_server():
 
 
 # --- helpers ----------------------------------------------------------------------
-
-def aspen_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=120, cwd=REPO_DIR)
-
-
-def verify_ok(repo: Path) -> None:
-    p = aspen_cli("verify", "-q", str(repo))
-    assert p.returncode == 0, f"aspen verify failed:\n{p.stdout.decode()}{p.stderr.decode()}"
-
-
-def versions(repo: Path) -> list[dict]:
-    p = aspen_cli("log", "--json", str(repo))
-    assert p.returncode == 0, p.stderr.decode()
-    return sorted((json.loads(line) for line in p.stdout.decode().splitlines() if line.strip()),
-                  key=lambda v: v["id"])
-
 
 def work_clones(repo: Path, url: str, tmp_path: Path, n: int) -> list[Path]:
     """N local clones of REPO (cheap: no server involved) whose origin is URL."""

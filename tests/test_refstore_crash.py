@@ -21,14 +21,13 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
 from . import harness as h
+from .harness import verify_ok, versions
 from . import pushkit as pk
 from .pushkit import ZERO
 
@@ -97,22 +96,6 @@ def _alive(pid: int) -> bool:
 
 
 # --- the repository side ------------------------------------------------------------
-
-def aspen_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=120, cwd=REPO_DIR)
-
-
-def verify_ok(repo: Path) -> None:
-    p = aspen_cli("verify", "-q", str(repo))
-    assert p.returncode == 0, f"aspen verify failed:\n{p.stdout.decode()}{p.stderr.decode()}"
-
-
-def versions(repo: Path) -> list[dict]:
-    p = aspen_cli("log", "--json", str(repo))
-    assert p.returncode == 0, p.stderr.decode()
-    return [json.loads(line) for line in p.stdout.decode().splitlines() if line.strip()]
-
 
 def effective(v: dict) -> dict[str, tuple[str, str]]:
     """The updates of version V that change something (a voided update has new == old)."""

@@ -384,12 +384,4 @@ def integrity(conn: Conn) -> list[str]:
 
 def replay_refs(conn: Conn) -> dict[str, str]:
     """The direct refs as the updates of all done versions leave them."""
-    out: dict[str, str] = {}
-    rows = conn.execute("SELECT u.ref, u.new FROM updates u JOIN versions v ON v.id = u.version"
-                        " WHERE v.state = 'done' ORDER BY u.version")
-    for ref, new in rows:
-        if new == "0" * 40:
-            out.pop(ref, None)
-        else:
-            out[ref] = new
-    return out
+    return refs_before(conn, latest_version(conn) + 1)
