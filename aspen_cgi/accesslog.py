@@ -14,7 +14,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     ms = (time.monotonic() - started) * 1000
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
-    for key in ("version", "plan", "why", "commands", "objects", "push"):
+    for key in ("version", "plan", "why", "plan_us", "visits", "extents", "commands", "objects", "push"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"

@@ -6,7 +6,8 @@ semantics); the planner plugs in at `respond()`."""
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator
+import time
+from typing import Iterable, Iterator, Optional
 
 from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
@@ -127,9 +128,54 @@ def git_upload_pack(ctx, data: bytes) -> Iterable[bytes]:
 
 
 def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
-    """The seam where the planner will answer from stored packs."""
-    ctx.trace.update(plan="fallback", why=req.needs_fallback_reason or "no-planner")
+    """A planned answer from stored packs when the planner proves one, else git's."""
+    planned = _planned(ctx, req)
+    if planned is not None:
+        return planned
     return git_upload_pack(ctx, data)
+
+
+def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
+    """Today: protocol v2 requests that end the negotiation (`done`), without
+    want-ref, packfile-uris or wait-for-done. Everything else, and every
+    plan the store cannot prove, is git's (the trace says why)."""
+    why = req.needs_fallback_reason
+    if why is None:
+        if ctx.protocol_version != 2:
+            why = "v0-responder-pending"
+        elif not req.done:
+            why = "negotiating"
+        elif req.want_refs or req.packfile_uris or req.wait_for_done:
+            why = "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
+    store = ctx.refstore() if why is None else None
+    if why is None and store is None:
+        why = "no-store"
+    if why is not None:
+        ctx.trace.update(plan="fallback", why=why)
+        return None
+    from .packs.packfile import PackError
+    from .planner.plan import Fallback, plan
+    from .refstore.history import StoreHistory
+    from . import responder
+    snap, hidden = _snapshot(ctx), _hidden(ctx)
+    visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
+    advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
+    tags = frozenset(r.oid for r in visible if r.name.startswith("refs/tags/"))
+    t0 = time.perf_counter()
+    result = plan(req, StoreHistory(store), advertised, tags)
+    micros = (time.perf_counter() - t0) * 1e6
+    ctx.trace.update(plan_us=f"{micros:.0f}", visits=f"{result.versions_visited}+{result.segments_visited}")
+    if isinstance(result, Fallback):
+        ctx.trace.update(plan="fallback", why=result.reason)
+        return None
+    try:
+        splice = responder.prepare(store.packs_dir, result)
+    except (PackError, OSError) as e:
+        ctx.log.append(f"aspen: stored packs unusable ({e}); git answers\n")
+        ctx.trace.update(plan="fallback", why="pack-error")
+        return None
+    ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
+    return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"))
 
 
 def serve(ctx, data: bytes) -> Iterable[bytes]:

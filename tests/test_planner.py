@@ -110,7 +110,15 @@ def test_what_cannot_be_proved_falls_back(root, server, tmp_path):
     assert plan(FetchRequest(**base), hist, adv).reason == "not-built"
     store.build_packs()
     assert plan(FetchRequest(version=0, wants=["1" * 40], capabilities=CAPS), hist, adv).reason == "want-not-advertised"
-    assert plan(FetchRequest(version=0, wants=[main], capabilities=["ofs-delta"]), hist, adv).reason == "no-thin-pack"
+    assert plan(FetchRequest(version=0, wants=[main], haves=[main], capabilities=["ofs-delta"]),
+                hist, adv).reason == "no-thin-pack"
+    assert plan(FetchRequest(version=0, wants=[main], capabilities=["thin-pack"]), hist, adv).reason == "no-ofs-delta"
+    tags = frozenset(v for r, v in refs.items() if r.startswith("refs/tags/"))
+    assert tags
+    assert plan(FetchRequest(version=2, wants=[main], capabilities=["ofs-delta", "include-tag"]),
+                hist, adv, tags).reason == "include-tag"     # a tag the client did not ask for could be due
+    assert isinstance(plan(FetchRequest(version=2, wants=sorted(set(refs.values())),
+                                        capabilities=["ofs-delta", "include-tag"]), hist, adv, tags), Plan)
     # a client whose haves prove nothing would need the whole repository: git answers it
     assert plan(FetchRequest(**base, haves=["2" * 40]), hist, adv).reason == "haves-not-proved"
     # a push not yet packed makes every plan wait

@@ -65,15 +65,19 @@ SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "si
                   "deepen-relative", "filter"}
 
 
-def plan(req: FetchRequest, history: History, advertised: frozenset[str]) -> Plan | Fallback:
+def plan(req: FetchRequest, history: History, advertised: frozenset[str],
+         tag_values: frozenset[str] = frozenset()) -> Plan | Fallback:
+    """ADVERTISED: every object the client may want (visible ref values and
+    their peeled objects); TAG_VALUES: the visible refs/tags/* values, which
+    include-tag could add."""
     reason = req.needs_fallback_reason
     if reason:
         return Fallback(reason)
-    if req.version != 2 and not req.has_capability("thin-pack"):
-        return Fallback("no-thin-pack")
-    if req.version != 2 and not req.has_capability("ofs-delta"):
+    if req.haves and not req.has_capability("thin-pack"):
+        return Fallback("no-thin-pack")          # version packs are thin against the client's objects
+    if not req.has_capability("ofs-delta"):
         return Fallback("no-ofs-delta")
-    if req.has_capability("include-tag"):
+    if req.has_capability("include-tag") and not tag_values <= set(req.wants) | set(req.haves):
         return Fallback("include-tag")
     if any(w not in advertised for w in req.wants):
         return Fallback("want-not-advertised")
