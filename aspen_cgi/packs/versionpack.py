@@ -27,9 +27,19 @@ class BuildError(Exception):
 
 @dataclass(frozen=True)
 class DeltaSearch:
+    """Built once, served many times: search deltas afresh (no reuse of the
+    source packs' deltas, no verbatim pack or bitmap reuse) with a wide window."""
     window: int = 250
     depth: int = 50
     compression: int = 9
+    reuse_deltas: bool = False
+
+    def args(self) -> list[str]:
+        out = ["-c", f"pack.compression={self.compression}", "-c", "pack.allowPackReuse=false", "pack-objects",
+               f"--window={self.window}", f"--depth={self.depth}", "--no-use-bitmap-index"]
+        if not self.reuse_deltas:
+            out.append("--no-reuse-delta")
+        return out
 
 
 @dataclass(frozen=True)
@@ -75,9 +85,7 @@ def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Se
         thin = os.path.join(scratch, "thin.pack")
         stdin = "".join(f"{t}\n" for t in tips) + "".join(f"^{b}\n" for b in boundary)
         with open(thin, "wb") as out:
-            proc = gitexec.start(["-c", f"pack.compression={search.compression}", "pack-objects", "--revs",
-                                  "--thin", "--stdout", "-q", "--delta-base-offset", f"--window={search.window}",
-                                  f"--depth={search.depth}"],
+            proc = gitexec.start([*search.args(), "--revs", "--thin", "--stdout", "-q", "--delta-base-offset"],
                                  cwd=gitdir, env=dict(env), stdin=gitexec.PIPE, stdout=out, stderr=gitexec.PIPE)
             _, err = proc.communicate(stdin.encode())
         if proc.returncode != 0:
