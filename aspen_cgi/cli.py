@@ -93,12 +93,27 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 def _cmd_import(args: argparse.Namespace) -> int:
     store = _open(args.repo)
+    from .packs.background import BuildLock
     from .packs.versionpack import DeltaSearch
     from .progress import Bar
-    bar = Bar("building version packs", enabled=not args.quiet)
-    built = store.build_packs(DeltaSearch(args.window, args.depth, args.compression),
-                              progress=lambda done, total, v: bar.update(done, total, f"version {v}"))
-    bar.finish()
+    lock = BuildLock(store.packs_dir)
+    if not lock.acquire():
+        if args.wait_lock:
+            return 0            # the running builder loops until every version has its pack
+        raise SystemExit(f"aspen: another builder is running for {args.repo} ({lock.path})")
+    try:
+        bar = Bar("building version packs", enabled=not args.quiet)
+        built = []
+        while True:     # pushes may land while packs are built
+            batch = store.build_packs(DeltaSearch(args.window, args.depth, args.compression),
+                                      progress=lambda done, total, v: bar.update(done, total, f"version {v}"))
+            built += batch
+            store.sync()
+            if not batch or store.all_packs_built():
+                break
+        bar.finish()
+    finally:
+        lock.release()
     objects = sum(p.objects for _, p in built if p)
     size = sum(p.size for _, p in built if p)
     print(f"imported: {store.latest()} versions; {len(built)} version packs built now "
@@ -183,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--depth", type=int, default=50, help="maximum delta chain depth (default 50)")
     imp.add_argument("--compression", type=int, default=9, help="zlib level 0-9 (default 9)")
     imp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    imp.add_argument("--wait-lock", action="store_true",
+                     help="exit quietly when another builder is running (what pushes start)")
     imp.set_defaults(func=_cmd_import)
 
     query = sub.add_parser("query", help="ask the ref store a history question (JSON answer with visit counts)",

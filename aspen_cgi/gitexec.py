@@ -133,6 +133,13 @@ def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
     threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
     return proc
 
+def detached(argv: Sequence[str], *, env: Mapping[str, str]) -> None:
+    """Start a background job that outlives this request (and process): its
+    own session, no pipes back to us."""
+    subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 

@@ -147,8 +147,16 @@ class Push:
             yield self.msgs.frame(res.stdout + res.stderr)
         if self.policy.update_server_info:
             gitexec.git(["update-server-info"], cwd=self.gitdir, env=self.ctx.env)
+        if ok:
+            self._build_packs_later()
         if neg.sideband:
             yield pktline.FLUSH
+
+    def _build_packs_later(self) -> None:
+        from .packs import background
+        store = self.ctx.refstore()
+        if store is not None and background.enabled(self.ctx.env):
+            background.kick(self.gitdir, store.packs_dir, self.ctx.env)
 
     # -- pack intake ------------------------------------------------------------
 

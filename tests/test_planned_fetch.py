@@ -108,3 +108,32 @@ def test_corrupt_stored_pack_falls_back_to_git(pushed, tmp_path):
     assert h.refs_of(str(client)) == h.refs_of(str(repo))
     assert "why=pack-error" in _plans(server)[-1]
     shutil.rmtree(packs)
+
+
+def test_pushes_build_their_packs_in_the_background(root, server_factory, tmp_path):
+    """With ASPEN_VERSION_PACKS=auto a push starts one detached builder; once it
+    is done the next v2 clone is planned, without `aspen import`."""
+    import time
+
+    from aspen_cgi.refstore.store import RefStore
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto")
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    for i in range(3):
+        (work / "n.txt").write_text(f"{i}\n" * 50)
+        pk.commit(work, f"n{i}")
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        store.sync()
+        if store.all_packs_built() and not (repo / "aspen" / "packs" / ".build.lock").exists():
+            break
+        time.sleep(0.2)
+    assert store.all_packs_built(), "the background builder did not finish"
+    client = tmp_path / "client.git"
+    _clone(server.url + "/repo.git", client, 2)
+    h.fsck_strict(str(client))
+    assert h.refs_of(str(client)) == h.refs_of(str(repo))
+    assert "plan=planned" in _plans(server)[-1]

@@ -1,0 +1,80 @@
+"""Version packs built after pushes, off the response path: a push that
+landed starts one detached `aspen import -q REPO` when none is running for
+the repository (a lock file names the builder; a dead builder's lock is
+taken over). The builder loops until every version has its pack.
+
+Opt-in for now (ASPEN_VERSION_PACKS=auto) until its cost under push load is
+measured; `aspen import REPO` builds the same packs by hand."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping, Optional
+
+from .. import gitexec
+from ..refstore.owners import owner_alive, owner_id
+
+ENV = "ASPEN_VERSION_PACKS"
+LOCK = ".build.lock"
+
+
+def enabled(env: Mapping[str, str]) -> bool:
+    return (env.get(ENV) or os.environ.get(ENV, "")).lower() == "auto"
+
+
+def _holder(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def running(packs_dir: str) -> bool:
+    return owner_alive(_holder(os.path.join(packs_dir, LOCK)))
+
+
+class BuildLock:
+    """Held by the one builder of a repository's packs; False from acquire()
+    when a live builder has it."""
+
+    def __init__(self, packs_dir: str):
+        self.path = os.path.join(packs_dir, LOCK)
+        self.held = False
+
+    def acquire(self) -> bool:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                if owner_alive(_holder(self.path)):
+                    return False
+                try:
+                    os.unlink(self.path)     # a dead builder's
+                except OSError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(owner_id() + "\n")
+            self.held = True
+            return True
+        return False
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+            self.held = False
+
+
+def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
+    """Start a detached builder unless one is running; True when started."""
+    if not enabled(env) or running(packs_dir):
+        return False
+    child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE")}
+    gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--wait-lock", gitdir], env=child)
+    return True
