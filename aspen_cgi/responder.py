@@ -1,6 +1,6 @@
-"""The response to a planned fetch, written by Aspen itself: for protocol v2
-with `done` (a clone, or the last round of a negotiation), the `packfile`
-section, with a progress line on band 2 and the pack on band 1, spliced
+"""The response to a planned fetch, written by Aspen itself: for protocol v2,
+the `packfile` section (after `acknowledgments` + `ready` when the client
+had not said `done`), with a progress line on band 2 and the pack on band 1, spliced
 from stored version packs (one header, stored entries copied, a new
 trailer). Nothing is inflated or deflated."""
 
@@ -18,10 +18,16 @@ BAND_DATA = 65515     # largest side-band-64k payload: 65520 - 4 (length) - 1 (b
 
 def prepare(packs_dir: str, plan: Plan) -> SplicePlan:
     """Open and check the plan's packs (raises PackError before any byte)."""
-    return plan_splice(Extent(os.path.join(packs_dir, f"pack-{name}.pack")) for name in plan.packs if name)
+    return plan_splice(Extent(os.path.join(packs_dir, f"pack-{name}.pack"), thin=version != 1)
+                       for version, name in zip(plan.versions, plan.packs) if name)
 
 
-def v2_packfile(splice: SplicePlan, plan: Plan, progress: bool) -> Iterator[bytes]:
+def v2_packfile(splice: SplicePlan, plan: Plan, progress: bool, ready: bool = False) -> Iterator[bytes]:
+    """READY: the client is still negotiating (no `done`): answer that the
+    negotiation is over -- `acknowledgments`, `ready` (the ACK lines may be
+    left out once ready is sent, gitprotocol-v2) -- then the packfile."""
+    if ready:
+        yield pktline.encode(b"acknowledgments\n") + pktline.encode(b"ready\n") + pktline.DELIM
     yield pktline.encode(b"packfile\n")
     if progress:
         mib = splice.size / (1 << 20)

@@ -136,15 +136,14 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
 
 
 def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
-    """Today: protocol v2 requests that end the negotiation (`done`), without
-    want-ref, packfile-uris or wait-for-done. Everything else, and every
-    plan the store cannot prove, is git's (the trace says why)."""
+    """Today: protocol v2 fetches without want-ref, packfile-uris or
+    wait-for-done; a plan proved from the first round's haves ends the
+    negotiation there (`ready`). Everything else, and every plan the store
+    cannot prove, is git's (the trace says why)."""
     why = req.needs_fallback_reason
     if why is None:
         if ctx.protocol_version != 2:
             why = "v0-responder-pending"
-        elif not req.done:
-            why = "negotiating"
         elif req.want_refs or req.packfile_uris or req.wait_for_done:
             why = "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
     store = ctx.refstore() if why is None else None
@@ -175,7 +174,7 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
         ctx.trace.update(plan="fallback", why="pack-error")
         return None
     ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
-    return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"))
+    return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"), ready=not req.done)
 
 
 def serve(ctx, data: bytes) -> Iterable[bytes]:

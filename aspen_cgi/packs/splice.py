@@ -77,6 +77,7 @@ class Extent:
     pack: PathLike
     index: Optional[PackIndex] = None
     include: Optional[frozenset[bytes]] = field(default=None)
+    thin: bool = False      # its REF_DELTA bases outside it are in the client's store
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pack", Path(self.pack))
@@ -128,11 +129,20 @@ class SplicePlan:
 
     def _plan(self, extents: list[Extent]) -> None:
         seen: set[bytes] = set()
+        # Bases a thin extent takes from the client's store: a later extent
+        # must not send them again, or a delta cycle can form (a thin
+        # REF_DELTA in an earlier extent whose base comes later as a delta on
+        # it), which index-pack rejects.
+        assumed: set[bytes] = set()
         pos = PACK_HEADER_LEN  # output position of the next byte
         for n, ext in enumerate(extents):
             pack = ext.open()
             self._packs.append(pack)
             oids = pack.index.oids
+            if ext.thin and n + 1 < len(extents):
+                own = set(oids)
+                assumed.update(e.base_oid for e in pack.entries()
+                               if e.type == OBJ_REF_DELTA and e.base_oid not in own and e.base_oid not in seen)
             drop: set[bytes] = set()
             if ext.include is not None:
                 missing = ext.include.difference(oids)
@@ -142,6 +152,8 @@ class SplicePlan:
                 drop = set(oids).difference(ext.include)
                 self.excluded += len(drop)
             dups = seen.intersection(oids) if seen else set()
+            if assumed:
+                dups |= assumed.intersection(oids)
             dups -= drop
             self.duplicates += len(dups)
             drop |= dups
