@@ -3,6 +3,10 @@ own copy of the repositories and each behind its own CountingProxy.
 
 Target specs (the names `running()` takes):
 - `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`;
+- `aspen-packs`   the same, with version packs: `aspen import` over its copy
+                  before it starts, and each push builds its pack in the
+                  background (ASPEN_VERSION_PACKS=auto), so fetches can be
+                  planned and spliced from stored packs;
 - `stock`         the same gunicorn serving stock `git http-backend` through
                   `bench.cgibridge:application`;
 - `stock-apache`  stock `git http-backend` as a CGI under Apache (mod_cgi),
@@ -41,7 +45,7 @@ from .model import TargetInfo
 from .proxy import CountingProxy
 
 PROJECT = Path(__file__).resolve().parent.parent
-BUILTIN = ("aspen", "stock", "stock-apache")
+BUILTIN = ("aspen", "aspen-packs", "stock", "stock-apache")
 
 _PUSH_ENV = {"GIT_HTTP_EXPORT_ALL": "1", "GIT_CONFIG_COUNT": "1",
              "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
@@ -330,9 +334,15 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         repos = copy_root(Path(root), tdir / "repos")
     if name == "stock-apache":
         subprocess.run(["chmod", "-R", "a+rwX", str(repos)], check=True)
-    if name == "aspen":
+    if name in ("aspen", "aspen-packs"):
+        extra = {"ASPEN_ACCESS_LOG": "1"}
+        if name == "aspen-packs":
+            extra["ASPEN_VERSION_PACKS"] = "auto"
+            for gitdir in sorted(p.parent for p in Path(repos).rglob("HEAD") if (p.parent / "objects").is_dir()):
+                subprocess.run([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", str(gitdir)], check=True,
+                               cwd=str(PROJECT), stdout=subprocess.DEVNULL)
         proc, port, log = _gunicorn(name, "aspen_cgi.wsgi:application", repos, tdir,
-                                    {"ASPEN_ACCESS_LOG": "1", **(env or {})}, workers, threads, timeout)
+                                    {**extra, **(env or {})}, workers, threads, timeout)
     elif name == "stock":
         proc, port, log = _gunicorn(name, "bench.cgibridge:application", repos, tdir,
                                     {"ASPEN_BENCH_CGI": STOCK, **(env or {})}, workers, threads, timeout)
@@ -344,7 +354,7 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         _terminate(proc)
         raise
     info = TargetInfo(name=name, url=proxy.url, root=repos, pids=[proc.pid],
-                      plan_log=log if name == "aspen" else None)
+                      plan_log=log if name in ("aspen", "aspen-packs") else None)
     return Target(info, proxy, proc, log, scratch=scratch)
 
 
