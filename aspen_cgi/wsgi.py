@@ -12,8 +12,11 @@ from .accesslog import Counted, enabled, write_messages
 from .http import dumb
 from .http.backend import handle
 from .http.message import Request
+from .packs import background
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
+
+background.IN_PROCESS = True   # this process lives on: version packs are built in a thread
 
 
 def cgi_env(environ: dict) -> dict[str, str]:

@@ -110,13 +110,18 @@ def test_corrupt_stored_pack_falls_back_to_git(pushed, tmp_path):
     shutil.rmtree(packs)
 
 
-def test_pushes_build_their_packs_in_the_background(root, server_factory, tmp_path):
-    """With ASPEN_VERSION_PACKS=auto a push starts one detached builder; once it
-    is done the next v2 clone is planned, without `aspen import`."""
+@pytest.mark.parametrize("kind", ["gunicorn", "cgi"])
+def test_pushes_build_their_packs_in_the_background(kind, root, server_factory, cgi_server_factory, tmp_path):
+    """With ASPEN_VERSION_PACKS=auto a push starts one builder (a thread of a
+    gunicorn worker; a detached `aspen import` under CGI); once it is done the
+    next v2 clone is planned, without `aspen import` by hand."""
     import time
 
     from aspen_cgi.refstore.store import RefStore
-    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto")
+    if kind == "gunicorn":
+        server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto")
+    else:
+        server = cgi_server_factory(root, "aspen", ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto")
     repo = pk.enable_push(root / "repo.git")
     work = tmp_path / "work"
     h.git("clone", "-q", server.url + "/repo.git", str(work))

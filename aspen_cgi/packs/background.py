@@ -1,7 +1,8 @@
 """Version packs built after pushes, off the response path: a push that
 landed starts one detached `aspen import -q REPO` when none is running for
 the repository (a lock file names the builder; a dead builder's lock is
-taken over). The builder loops until every version has its pack.
+taken over). The builder loops until every version has its pack. Long-lived servers
+(gunicorn, mod_wsgi) build in a thread of the worker instead.
 
 Opt-in for now (ASPEN_VERSION_PACKS=auto) until its cost under push load is
 measured; `aspen import REPO` builds the same packs by hand."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Mapping, Optional
 
 from .. import gitexec
@@ -71,10 +73,38 @@ class BuildLock:
             self.held = False
 
 
+# Set by long-lived servers (the WSGI application): build in a thread of this
+# process, ready milliseconds after the push, instead of starting a program.
+IN_PROCESS = False
+
+
 def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
-    """Start a detached builder unless one is running; True when started."""
+    """Start a builder unless one is running; True when started."""
     if not enabled(env) or running(packs_dir):
         return False
-    child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE")}
+    child = {k: v for k, v in env.items() if k not in ("GIT_NAMESPACE",)}
+    if IN_PROCESS:
+        threading.Thread(target=_build, args=(gitdir, child), daemon=True, name="aspen-packs").start()
+        return True
+    child.pop("GIT_DIR", None)
     gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--wait-lock", gitdir], env=child)
     return True
+
+
+def _build(gitdir: str, env: Mapping[str, str]) -> None:
+    from ..refstore.store import RefStore
+    store = RefStore.open(gitdir, env)
+    if store is None:
+        return
+    lock = BuildLock(store.packs_dir)
+    if not lock.acquire():
+        return
+    try:
+        while True:
+            store.sync()
+            if not store.build_packs():
+                break
+    except Exception as e:  # noqa: BLE001  (a failed build leaves the version to git; say why)
+        sys.stderr.write(f"aspen: building version packs for {gitdir} failed: {e}\n")
+    finally:
+        lock.release()
