@@ -147,8 +147,11 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
         elif req.want_refs or req.packfile_uris or req.wait_for_done:
             why = "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
     store = ctx.refstore() if why is None else None
-    if why is None and store is None:
-        why = "no-store"
+    if why is None:
+        if store is None:
+            why = "no-store"
+        elif not store.all_packs_built():
+            why = "not-built"          # before any work over the refs: the common case without version packs
     if why is not None:
         ctx.trace.update(plan="fallback", why=why)
         return None
