@@ -267,21 +267,6 @@ def reachable_new(commits: Mapping[str, Sequence[str]], tip: str) -> list[str]:
     return sorted(seen)
 
 
-def object_types(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> dict[str, str]:
-    """Types of the given objects (one cat-file for all); missing ones left out."""
-    uniq = sorted(set(oids))
-    if not uniq:
-        return {}
-    res = gitexec.git(["cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=gitdir, env=env,
-                      input="".join(o + "\n" for o in uniq).encode())
-    types = {}
-    for line in res.stdout.decode("latin-1").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1] != "missing":
-            types[parts[0]] = parts[1]
-    return types
-
-
 def is_ancestor(gitdir: str, env: Mapping[str, str], old: str, new: str) -> bool:
     return gitexec.git(["merge-base", "--is-ancestor", old, new], cwd=gitdir, env=env).returncode == 0
 

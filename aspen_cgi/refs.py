@@ -41,7 +41,7 @@ def namespace_prefix(namespace: Optional[str]) -> str:
     return "".join(f"refs/namespaces/{p}/" for p in parts)
 
 
-def _read_head_file(gitdir: str, prefix: str) -> tuple[Optional[str], Optional[str]]:
+def read_head_file(gitdir: str, prefix: str) -> tuple[Optional[str], Optional[str]]:
     """(symbolic target, direct oid) of HEAD, read as git's files backend stores it."""
     if prefix:
         return None, None  # namespaced HEAD lives under refs/ and comes from for-each-ref
@@ -97,7 +97,7 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
     if prefix:
         target, direct = ns_head_target, ns_head_oid
     else:
-        target, direct = _read_head_file(gitdir, prefix)
+        target, direct = read_head_file(gitdir, prefix)
     if target is not None:
         target = _resolve(links, target)
     head = None

@@ -120,7 +120,7 @@ def to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], 
             head = Ref("HEAD", direct.oid, direct.peeled if direct.otype == "tag" else None, None,
                        direct.otype == "missing")
         return refs_mod.RefSnapshot(tuple(out), head, target, prefix)
-    target, direct_oid = refs_mod._read_head_file(gitdir, "")
+    target, direct_oid = refs_mod.read_head_file(gitdir, "")
     if target is not None:
         t = by_name.get(target)
         if t is not None and t.symref:
