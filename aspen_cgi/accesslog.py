@@ -1,7 +1,10 @@
-"""One greppable line per request: repo, service, status, bytes, ms, and the plan or fallback."""
+"""One greppable line per request: repo, service, status, bytes, ms, and the
+plan or fallback; and for every upload-pack fetch response, one JSON line
+(`aspen-plan {...}`) with the planner's trace, which the bench reads."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import IO, Iterable, Iterator
 
@@ -18,6 +21,21 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
+
+
+PLAN_KEYS = ("protocol", "plan", "why", "versions_visited", "segments_visited", "extents", "objects", "plan_us")
+
+
+def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:
+    """The plan trace of one fetch response as JSON: repo, ref-store version,
+    plan or fallback and why, visits, extents, objects, response bytes,
+    planning µs and serving ms."""
+    record = {"repo": trace.get("repo"), "version": trace.get("version"), "status": status, "bytes": nbytes,
+              "serve_ms": round((time.monotonic() - started) * 1000, 2)}
+    for key in PLAN_KEYS:
+        if key in trace:
+            record[key] = trace[key]
+    return "aspen-plan " + json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n"
 
 
 class Counted:
@@ -56,6 +74,8 @@ class Counted:
             method, path, status = self.head
             try:
                 self.errors.write(line(method, path, status, self.nbytes, self.started, self.trace))
+                if "plan" in self.trace:
+                    self.errors.write(plan_line(status, self.nbytes, self.started, self.trace))
                 self.errors.flush()
             except (OSError, ValueError):
                 pass

@@ -152,6 +152,7 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
             why = "no-store"
         elif not store.all_packs_built():
             why = "not-built"          # before any work over the refs: the common case without version packs
+    ctx.trace["protocol"] = ctx.protocol_version
     if why is not None:
         ctx.trace.update(plan="fallback", why=why)
         return None
@@ -166,7 +167,8 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     t0 = time.perf_counter()
     result = plan(req, StoreHistory(store), advertised, tags)
     micros = (time.perf_counter() - t0) * 1e6
-    ctx.trace.update(plan_us=f"{micros:.0f}", visits=f"{result.versions_visited}+{result.segments_visited}")
+    ctx.trace.update(plan_us=round(micros), visits=f"{result.versions_visited}+{result.segments_visited}",
+                     versions_visited=result.versions_visited, segments_visited=result.segments_visited)
     if isinstance(result, Fallback):
         ctx.trace.update(plan="fallback", why=result.reason)
         return None
