@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--readers", type=int, help="writers: R readers polling and fetching meanwhile")
     r.add_argument("--clients", type=int, help="clone-concurrency: C clients at once")
     r.add_argument("--fetches", type=int, help="random-fetch: F random fetches")
+    r.add_argument("--protocols", help="random-fetch: protocol versions the fetches take in turn (default 0,2)")
+    r.add_argument("--history", type=int, help="history-clone: K trunk pushes before the clones (default 1000)")
+    r.add_argument("--cpu-fetches", type=int,
+                   help="warm-fetch: extra identical fetches per repetition for the server CPU (default 4)")
+    r.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
+                   help="any workload parameter (repeatable), e.g. -p packs_timeout=3600 -p wait_packs=0")
     r.add_argument("--pushes", type=int, help="push-history: total trunk pushes")
     r.add_argument("--window", type=int, help="push-history: pushes per latency window")
     r.add_argument("--reps", type=int, help="repetitions of single-client workloads (medians are reported)")
@@ -175,8 +181,26 @@ def _prepare_repo(args, source_root: Path):
 def _knobs(args) -> dict:
     knobs = {"max_n": args.max_n, "jobs": args.jobs, "writers": args.writers, "seconds": args.seconds,
              "clients": args.clients, "fetches": args.fetches, "pushes": args.pushes, "seed": args.seed,
-             "reps": args.reps, "pool": args.pool, "readers": args.readers, "window": args.window}
-    return {k: v for k, v in knobs.items() if v is not None}
+             "reps": args.reps, "pool": args.pool, "readers": args.readers, "window": args.window,
+             "protocols": getattr(args, "protocols", None), "history": getattr(args, "history", None),
+             "cpu_fetches": getattr(args, "cpu_fetches", None)}
+    out = {k: v for k, v in knobs.items() if v is not None}
+    for item in getattr(args, "param", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"aspen-bench: --param {item!r}: expected KEY=VALUE")
+        out[key.strip().replace("-", "_")] = _param_value(value.strip())
+    return out
+
+
+def _param_value(text: str):
+    """A --param value: an int or float when it reads as one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def cmd_run(args) -> int:

@@ -42,3 +42,4 @@ class TargetInfo:
     pids: list = field(default_factory=list)   # server process ids whose CPU/RSS we may read (tree roots)
     can_push: bool = True
     plan_log: Optional[Path] = None             # Aspen's log with per-request lines, when known
+    version_packs: bool = False                 # builds version packs after pushes (aspen-packs)

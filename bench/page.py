@@ -15,7 +15,10 @@ METHOD = """\
 Every figure comes from `aspen-bench` (`bench/`), measured side by side in the
 same run on the same machine:
 
-- **Targets.** Aspen under gunicorn (`aspen_cgi.wsgi:application`); stock
+- **Targets.** Aspen under gunicorn (`aspen_cgi.wsgi:application`), without
+  (`aspen`) and with version packs (`aspen-packs`: `aspen import` before it
+  starts, each push builds its pack in the background, fetches planned and
+  spliced from stored packs); stock
   `git http-backend` behind the same gunicorn through a WSGI-to-CGI bridge
   (`stock`); stock under Apache CGI where Apache is installed
   (`stock-apache`); any other server by URL. Each target serves its own copy
@@ -26,9 +29,15 @@ same run on the same machine:
   responses), not reported by the servers.
 - **Times** are wall-clock times of real `git` clients, measured by the tool.
   Server CPU seconds and peak RSS are read from the servers' process trees.
-- **Ratios** are Aspen's median over stock's median (another baseline only
-  when stock is absent) for the same parameter point in the same run; below 1
-  means Aspen is smaller or faster. Absolute medians follow the ratio columns.
+- **Ratios** are each Aspen target's median over stock's median (another
+  baseline only when stock is absent) for the same parameter point in the same
+  run; below 1 means Aspen is smaller or faster. Absolute medians follow the
+  ratio columns.
+- **Plan trace.** For every fetch response Aspen writes one `aspen-plan {...}`
+  JSON line to its log (planned or fallback and why, versions and segments
+  visited, planning µs, extents spliced, serving ms); the tool reads the lines
+  of each client operation it times, so plan shares, planning times and
+  visits are the served fetches' own.
 - Raw records (`raw.jsonl`), the machine record and the plots sit next to the
   tables in each results folder; `aspen-bench report DIR` regenerates them."""
 
@@ -45,11 +54,14 @@ LIMITS = """\
 - Medians of few repeats on a shared machine: small differences (ratios
   within about 0.9–1.1 for times) are noise, not findings.
 - Aspen-only figures have no stock counterpart and are shown as absolutes.
-  In `stale-branch`, the versions and segments visited and the query time
-  are the ref store's answer to the question the planner will ask (is
-  trunk's value when the branch was cut an ancestor of trunk now?), asked by
-  the bench of the Aspen target's repository after the pushes, not taken
-  from a served fetch; planning time waits for the planner (issue 5)."""
+  In `stale-branch`, planning time and the versions and segments visited
+  come from the plan trace of the served fetches; the `store_` visits and the
+  query time are the ref store's answer to the planner's question (is trunk's
+  value when the branch was cut an ancestor of trunk now?), asked again by
+  the bench of the Aspen target's repository after the pushes.
+- Server CPU per fetch (`warm-fetch`) counts live threads in nanoseconds but
+  reaped children (git processes) in clock ticks (10 ms); it is averaged over
+  several identical fetches per repetition to weigh the tick less."""
 
 
 def _run_lines(data: results.RunData) -> list[str]:
@@ -104,16 +116,18 @@ def where_aspen_loses(measurements: list) -> list[str]:
     if real:
         worst: dict[tuple, list[Comparison]] = {}
         for c in real:
-            worst.setdefault((c.workload, c.metric), []).append(c)
-        out += ["Every figure where Aspen is worse than its baseline (time, bytes or resource ratio above 1, "
-                "or a rate ratio below 1), at its worst parameter point, worst first:", "",
+            worst.setdefault((c.workload, c.metric, c.subject_name), []).append(c)
+        out += ["Every figure where an Aspen target is worse than its baseline (time, bytes or resource ratio "
+                "above 1, or a rate ratio below 1), at its worst parameter point, worst first:", "",
                 "| workload | metric | params | aspen/baseline | aspen | baseline | points losing | |",
                 "|---|---|---|---|---|---|---|---|"]
-        for (wl, metric), cs in sorted(worst.items(), key=lambda kv: -_badness(kv[1][0])):
+        comps = results.comparisons(measurements)
+        for (wl, metric, subject), cs in sorted(worst.items(), key=lambda kv: -_badness(kv[1][0])):
             c = cs[0]
-            total = sum(1 for x in results.comparisons(measurements) if x.workload == wl and x.metric == metric)
+            total = sum(1 for x in comps if x.workload == wl and x.metric == metric and x.subject_name == subject)
+            who = "" if subject == results.SUBJECT else f" ({subject})"
             out.append(f"| {wl} | {short(metric)} | {results.params_label(c.params)} | {fmt_ratio(c.ratio)} | "
-                       f"{fmt(c.subject, metric)} | {fmt(c.baseline, metric)} ({c.baseline_name}) | "
+                       f"{fmt(c.subject, metric)}{who} | {fmt(c.baseline, metric)} ({c.baseline_name}) | "
                        f"{len(cs)} of {total} | {_note(c)} |")
     if trivial:
         names = sorted({f"{c.workload} {short(c.metric)}" for c in trivial})

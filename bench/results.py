@@ -51,13 +51,29 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             # Aspen's ref store (stale-branch): no stock counterpart
             "segments_visited", "visits_total", "visits_bound", "query_us", "tips_us", "tips_found",
             "tips_visits", "versions_span", "ancestor", "j", "k",
+            "store_versions_visited", "store_segments_visited", "store_visits_total",
             # push-history's flatness and ref-advertisement's size: figures of one target each
-            "last_first", "span", "refs", "body_bytes")
+            "last_first", "span", "refs", "body_bytes",
+            # Aspen's plan trace (issue 5) and version packs: no stock counterpart
+            "plan_share", "planned", "fallback", "untraced", "plan_rounds", "visits_max", "planning_us_max",
+            "extents", "serve_ms", "packs_wait_ms", "packs_settled", "packs_pending", "pack_files", "packs_bytes",
+            "segment_packs",
+            "plan_share_v0", "plan_share_v1", "plan_share_v2", "fetches_v0", "fetches_v1", "fetches_v2",
+            "cpu_fetches", "cpu_failures", "history", "history_push_failures", "protocol")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
-WORKLOAD_ORDER = ("full-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "push-history",
-                  "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch")
+WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
+                  "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch")
 BASELINE = "stock"
-SUBJECT = "aspen"
+SUBJECT = "aspen"          # the subject; every `aspen-*` target (aspen-packs) is one too
+
+
+def is_subject(target: str) -> bool:
+    """Aspen targets, whose medians are divided by the baseline's: aspen, aspen-packs, ..."""
+    return target == SUBJECT or target.startswith(SUBJECT + "-")
+
+
+def subjects(targets: Iterable[str]) -> list[str]:
+    return [t for t in target_order(targets) if is_subject(t)]
 
 
 # ---------------------------------------------------------------- raw records
@@ -277,8 +293,8 @@ def workload_rank(name: str) -> tuple:
 
 
 def target_order(targets: Iterable[str]) -> list[str]:
-    first = {"aspen": 0, "stock": 1, "stock-apache": 2}
-    return sorted(set(targets), key=lambda t: (first.get(t, 3), t))
+    first = {"aspen": 0, "stock": 2, "stock-apache": 3}
+    return sorted(set(targets), key=lambda t: (first.get(t, 1 if is_subject(t) else 4), t))
 
 
 def higher_is_better(metric: str) -> bool:
@@ -352,6 +368,7 @@ class Comparison:
     subject: float
     baseline: float
     baseline_name: str
+    subject_name: str = SUBJECT
 
     @property
     def ratio(self) -> float:
@@ -363,7 +380,7 @@ class Comparison:
 
 
 def baseline_for(targets: Iterable[str]) -> Optional[str]:
-    ts = [t for t in target_order(targets) if t != SUBJECT]
+    ts = [t for t in target_order(targets) if not is_subject(t)]
     if BASELINE in ts:
         return BASELINE
     return ts[0] if ts else None
@@ -374,16 +391,18 @@ def comparisons(measurements: list[Measurement]) -> list[Comparison]:
     for wl, by_params in group(measurements).items():
         targets = {t for cells in by_params.values() for t in cells}
         base = baseline_for(targets)
-        if SUBJECT not in targets or base is None:
+        if base is None:
             continue
-        for pk, cells in by_params.items():
-            a, b = cells.get(SUBJECT), cells.get(base)
-            if not a or not b:
-                continue
-            params = {k: json.loads(v) for k, v in pk}
-            for metric in ratio_metrics(set(a.metrics) & set(b.metrics)):
-                if ratio(a.metrics[metric], b.metrics[metric]) is not None:
-                    out.append(Comparison(wl, params, metric, a.metrics[metric], b.metrics[metric], base))
+        for subject in subjects(targets):
+            for pk, cells in by_params.items():
+                a, b = cells.get(subject), cells.get(base)
+                if not a or not b:
+                    continue
+                params = {k: json.loads(v) for k, v in pk}
+                for metric in ratio_metrics(set(a.metrics) & set(b.metrics)):
+                    if ratio(a.metrics[metric], b.metrics[metric]) is not None:
+                        out.append(Comparison(wl, params, metric, a.metrics[metric], b.metrics[metric], base,
+                                              subject))
     return out
 
 
@@ -406,8 +425,9 @@ def _shown(keys: list[tuple]) -> list[tuple]:
 
 
 # Shown in the main table next to the ratio metrics, whenever present.
-ALWAYS = ("failures", "plan", "why", "versions_visited", "segments_visited", "visits_total", "visits_bound",
-          "query_us", "planning_us", "last_first")
+ALWAYS = ("failures", "plan_share", "plan", "why", "fallbacks", "planning_us", "versions_visited",
+          "segments_visited", "visits_total", "visits_bound", "store_visits_total", "query_us", "extents",
+          "last_first")
 
 
 def _rows(by_params) -> list[tuple]:
@@ -422,28 +442,33 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 def workload_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> str:
     """params | Aspen/baseline ratios | absolute medians of those metrics (and failures, plan) per target."""
     targets = target_order({t for cells in by_params.values() for t in cells})
-    base = baseline_for(targets) if SUBJECT in targets else None
+    subs = subjects(targets)
+    base = baseline_for(targets) if subs else None
     all_metrics: set[str] = set()
     for cells in by_params.values():
         for c in cells.values():
             all_metrics |= set(c.metrics)
-    both: set[str] = set()
+    both: dict[str, set[str]] = {}
     if base:
-        for cells in by_params.values():
-            if SUBJECT in cells and base in cells:
-                both |= set(cells[SUBJECT].metrics) & set(cells[base].metrics)
-    ratios = ratio_metrics(both) if base else []
+        for subject in subs:
+            for cells in by_params.values():
+                if subject in cells and base in cells:
+                    both.setdefault(subject, set()).update(set(cells[subject].metrics) & set(cells[base].metrics))
+    ratio_names = ratio_metrics(set().union(*both.values())) if both else []
+    ratios = [(m, subject) for m in ratio_names for subject in subs if m in both.get(subject, ())]
     first = ratio_metrics(all_metrics)
-    absolute = first + [m for m in ALWAYS if m in all_metrics and m not in first]
+    always = [m for m in ALWAYS if not (m == "why" and "fallbacks" in all_metrics)]   # why-counts say more
+    absolute = first + [m for m in always if m in all_metrics and m not in first]
     present = {(m, t) for cells in by_params.values() for t, c in cells.items() for m in c.metrics}
     columns = [(m, t) for m in absolute for t in targets if (m, t) in present]
-    head = ["params"] + [f"{short(m)} {SUBJECT}/{base}" for m in ratios] + [f"{short(m)} {t}" for m, t in columns]
+    head = (["params"] + [f"{short(m)} {subject}/{base}" for m, subject in ratios]
+            + [f"{short(m)} {t}" for m, t in columns])
     rows = []
     for pk in _rows(by_params):
         cells = by_params[pk]
         row = [params_label({k: json.loads(v) for k, v in pk})]
-        for m in ratios:
-            a, b = cells.get(SUBJECT), cells.get(base)
+        for m, subject in ratios:
+            a, b = cells.get(subject), cells.get(base)
             row.append(fmt_ratio(ratio(a.metrics.get(m) if a else None, b.metrics.get(m) if b else None)))
         for m, t in columns:
             c = cells.get(t)
@@ -460,6 +485,8 @@ def details_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> str
         for c in cells.values():
             all_metrics |= set(c.metrics)
     main = set(ratio_metrics(all_metrics)) | set(ALWAYS)
+    if "fallbacks" in all_metrics:
+        main.discard("why")
     rest = sorted(m for m in all_metrics if m not in main)
     if not rest:
         return ""
@@ -479,8 +506,9 @@ def render_tables(measurements: list[Measurement], plots: Optional[list["PlotRes
     """Markdown: one section per workload (table, notes, plots)."""
     groups = group(measurements)
     out = [f"{heading} {title}", ""] + ([preface, ""] if preface else []) + [
-           f"Ratios are {SUBJECT.capitalize()}'s median over the baseline's median (stock unless absent), "
-           "both from the same run; below 1 means Aspen is smaller or faster. "
+           f"Ratios are {SUBJECT.capitalize()}'s median (each Aspen target's: aspen, aspen-packs) over the "
+           "baseline's median (stock unless absent), both from the same run; below 1 means Aspen is smaller or "
+           "faster. "
            "Absolute columns are medians over repeats; times in ms (µs where the column says so, seconds for `cpu`), "
            "bytes as counted on the wire by the bench's proxy.", ""]
     if not groups:
@@ -615,13 +643,19 @@ def plot_against(workload: str, by_params, folder: Path, xkeys: tuple[str, ...],
     return PlotResult(workload, title, _save(fig, folder / f"{workload}-{stem}.png"))
 
 
+VISIT_METRICS = ("visits_total", "versions_visited", "segments_visited", "visits_max", "store_visits_total",
+                 "store_versions_visited", "store_segments_visited")
+
+
 def plot_visits(workload: str, by_params, folder: Path) -> PlotResult:
-    """stale-branch: the ref store's visits against N (total, versions, segments) and
-    the bound 2*log2(N)+4, one line each (a target's name is added when several have them)."""
-    title = "stale-branch: ref-store visits against N"
+    """stale-branch: visits against N — the planner's (plan trace: total, versions,
+    segments, the most of one fetch) and the ref store's (`store_`, asked by the
+    bench) — and the bound 2*log2(N)+4, one line each (a target's name is added
+    when several have them)."""
+    title = "stale-branch: visits against N"
     series: dict[str, list] = {}
     bound = "bound 2·log2(N)+4"
-    for metric in ("visits_total", "versions_visited", "segments_visited", "visits_bound"):
+    for metric in VISIT_METRICS + ("visits_bound",):
         by_target, _ = _xy_by_target(by_params, N_KEYS, (metric,))
         for t, pts in by_target.items():
             if metric == "visits_bound":
@@ -668,7 +702,7 @@ def write_plots(measurements: list[Measurement], folder: Path) -> list[PlotResul
                                         "stale-branch: planning time against N",
                                         xlabel="N (trunk pushes since the branch)")
                 if planning.path is None:
-                    planning.note = "no planning time recorded: it waits for the planner (issue 5); plot skipped"
+                    planning.note = "no planning time traced (no fetch reached the planner); plot skipped"
                 out += [versions, planning]
                 if any("query_us" in c.metrics for cells in by_params.values() for c in cells.values()):
                     out.append(plot_against(wl, by_params, folder, N_KEYS, ("query_us",), "query time (µs)",

@@ -354,7 +354,8 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         _terminate(proc)
         raise
     info = TargetInfo(name=name, url=proxy.url, root=repos, pids=[proc.pid],
-                      plan_log=log if name in ("aspen", "aspen-packs") else None)
+                      plan_log=log if name in ("aspen", "aspen-packs") else None,
+                      version_packs=name == "aspen-packs")
     return Target(info, proxy, proc, log, scratch=scratch)
 
 

@@ -35,19 +35,32 @@ def root(tmp_path):
 # ---------------------------------------------------------------- stale-branch: the ref store
 
 def test_stale_branch_store_figures(tmp_path, root):
+    """Both Aspen targets get the ref store's figures (store_ visits); the one with
+    version packs also the plan trace of every fetch, checked in its notes."""
     from bench import targets
-    with targets.running_targets(["aspen"], root, tmp_path / "servers") as started:
-        rows = WORKLOADS["stale-branch"](_ctx(tmp_path, started, max_n=100, reps=1))
-    assert [r.params["n"] for r in rows] == [10, 100]
+    with targets.running_targets(["aspen", "aspen-packs"], root, tmp_path / "servers") as started:
+        rows = WORKLOADS["stale-branch"](_ctx(tmp_path, started, max_n=100, reps=2))
+    assert sorted((r.params["n"], r.target) for r in rows) == [(10, "aspen"), (10, "aspen-packs"),
+                                                               (100, "aspen"), (100, "aspen-packs")]
     for r in rows:
         m, n = r.metrics, r.params["n"]
         assert m["failures"] == 0, r.notes
         assert m["ancestor"] is True
         assert m["visits_bound"] == pytest.approx(storeprobe.visits_bound(n), abs=0.01)
-        assert 1 <= m["visits_total"] == m["versions_visited"] + m["segments_visited"] <= m["visits_bound"]
+        assert 1 <= m["store_visits_total"] == m["store_versions_visited"] + m["store_segments_visited"] \
+            <= m["visits_bound"]
         assert m["versions_span"] >= n and m["k"] - m["j"] == m["versions_span"]
         assert m["query_us"] > 0 and m["tips_us"] > 0 and m["tips_found"] >= 1
-    assert rows[1].metrics["segments_visited"] >= 1     # N=100 is answered from compacted segments
+        assert m["planned"] + m["fallback"] == 2                 # every fetch traced
+    by = {(r.params["n"], r.target): r for r in rows}
+    assert by[(100, "aspen")].metrics["store_segments_visited"] >= 1   # N=100 is answered from compacted segments
+    assert by[(10, "aspen")].metrics["fallbacks"] == "not-built=2"     # no version packs: git answers
+    for n in (10, 100):
+        packs = by[(n, "aspen-packs")]
+        assert packs.metrics["packs_settled"] is True
+        if packs.metrics["planned"]:
+            assert packs.metrics["planning_us"] > 0 and "versions_visited" in packs.metrics
+            assert f"issue 5 at N={n}: planning" in packs.notes
 
 
 def test_store_answers_are_checked():
@@ -134,14 +147,22 @@ def test_first_last_span_and_ratio():
 
 def test_push_history_summary_has_last_first(tmp_path, root):
     from bench import targets
-    with targets.running_targets(["aspen", "stock"], root, tmp_path / "servers") as started:
+    with targets.running_targets(["aspen", "aspen-packs", "stock"], root, tmp_path / "servers") as started:
         rows = WORKLOADS["push-history"](_ctx(tmp_path, started, pushes=20, window=10))
     summary = {r.target: r for r in rows if r.params["window"] == "all"}
-    for t in ("aspen", "stock"):
+    for t in ("aspen", "aspen-packs", "stock"):
         m = summary[t].metrics
         assert m["failures"] == 0 and m["span"] == 2
         assert m["last_first"] == pytest.approx(m["last_p50_ms"] / m["first_p50_ms"], abs=6e-4)   # rounded to 3 places
-    assert "issue target: last/first" in summary["aspen"].notes
+        assert m["server_cpu_s"] > 0                 # the tree's own pushes (and builds) over the history
+    for t in ("aspen", "aspen-packs"):
+        assert "issue target: last/first" in summary[t].notes
+    packs = summary["aspen-packs"].metrics
+    assert packs["packs_settled"] is True and packs["packs_pending"] == 0 and packs["pack_files"] >= 1
+    assert "version packs caught up" in summary["aspen-packs"].notes
+    assert "packs_wait_ms" not in summary["aspen"].metrics
+    md = results.render_tables(rows)
+    assert "p50 aspen/stock" in md and "p50 aspen-packs/stock" in md and "server cpu aspen-packs/stock" in md
 
 
 # ---------------------------------------------------------------- tables and plots
@@ -154,6 +175,12 @@ def test_new_figures_become_columns_and_plots(tmp_path):
             "visits_total": 2 + n.bit_length(), "visits_bound": storeprobe.visits_bound(n), "query_us": 40.0,
             "ancestor": True}))
         ms.append(Measurement("stale-branch", "stock", {"n": n}, {"wall_ms": 20.0, "bytes": 4000}))
+        ms.append(Measurement("stale-branch", "aspen-packs", {"n": n}, {
+            "wall_ms": 10.0, "bytes": 2000, "plan_share": 1.0, "planning_us": 300.0 + n, "versions_visited": 3,
+            "segments_visited": 2, "visits_total": 5, "store_visits_total": 4}))
+    for m in ms:
+        if m.target == "aspen":
+            m.metrics.update(plan_share=0.0, fallbacks="not-built=2", why="not-built")
     for t, p50 in (("aspen", 3.0), ("stock", 6.0)):
         ms.append(Measurement("ref-advertisement", t, {"refs": 5000, "storage": "packed", "protocol": "v0"},
                               {"p50_ms": p50, "bytes": 400000, "refs": 5007}))
@@ -163,9 +190,11 @@ def test_new_figures_become_columns_and_plots(tmp_path):
     stale = md.split("## stale-branch")[1].split("##")[0]
     head = stale.split("\n")[2]
     for col in ("versions visited aspen", "segments visited aspen", "visits total aspen", "visits bound aspen",
-                "query µs aspen"):
+                "query µs aspen", "planning µs aspen-packs", "plan share aspen-packs", "fallbacks aspen",
+                "store visits total aspen"):
         assert col in head
-    assert "query µs aspen/stock" not in head
+    assert "query µs aspen/stock" not in head and "planning µs aspen-packs/stock" not in head
+    assert "wall aspen-packs/stock" in head and "why aspen" not in head     # the why-counts say it
     adv = md.split("## ref-advertisement")[1].split("##")[0]
     assert "p50 aspen/stock" in adv and "| 0.50 |" in adv
     hist = md.split("## push-history")[1]
@@ -173,6 +202,11 @@ def test_new_figures_become_columns_and_plots(tmp_path):
     assert md.index("## stale-branch") < md.index("## ref-advertisement") < md.index("## push-history")
     plots = results.write_plots(ms, tmp_path)
     by_title = {p.title: p for p in plots}
-    assert by_title["stale-branch: ref-store visits against N"].path.stat().st_size > 1000
+    assert by_title["stale-branch: visits against N"].path.stat().st_size > 1000
     assert by_title["stale-branch: ref-store ancestry query time against N"].path is not None
-    assert "issue 5" in by_title["stale-branch: planning time against N"].note
+    assert by_title["stale-branch: planning time against N"].path is not None
+    no_plan = [m for m in ms if m.target != "aspen-packs"]
+    for m in no_plan:
+        m.metrics.pop("planning_us", None)
+    skipped = {p.title: p for p in results.write_plots(no_plan, tmp_path / "b")}
+    assert "no planning time traced" in skipped["stale-branch: planning time against N"].note

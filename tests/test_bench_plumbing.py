@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.model import RequestRecord
-from bench.procstats import ProcTree
+from bench.procstats import ProcTree, _Precise, precise_cpu_s
 from bench.proxy import CountingProxy, PackCounter
 from bench.targets import _gunicorn, _terminate, copy_root, running, running_targets
 
@@ -400,6 +400,48 @@ def test_procstats_counts_reaped_grandchildren():
         proc.wait()
     assert stats.cpu_s > 0.2
     assert stats.peak_rss_bytes > 50 << 20
+
+
+def test_procstats_precise_counts_live_threads_in_ns():
+    """precise=True: a busy thread of a live process is counted to the nanosecond,
+    a reaped child through cutime, as without it."""
+    script = ("import subprocess, sys, threading, time\n"
+              "def spin():\n    t = time.thread_time()\n    while time.thread_time() - t < 0.3: pass\n"
+              "sys.stdin.readline()\nth = threading.Thread(target=spin)\nth.start()\nth.join()\n"
+              "print('spun', flush=True)\nsys.stdin.readline()\n"
+              f"subprocess.run([sys.executable, '-c', {BUSY!r}])\nprint('reaped', flush=True)\ntime.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        precise = ProcTree(proc.pid, precise=True).start()
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"spun\n"
+        threads = precise.stop()          # the spinning thread has exited: its share is lost, never negative
+        precise = ProcTree(proc.pid, precise=True).start()
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"reaped\n"
+        child = precise.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 0 <= threads.cpu_s < 0.3
+    assert child.cpu_s > 0.2
+
+
+def test_precise_cpu_arithmetic():
+    tick = __import__("os").sysconf("SC_CLK_TCK")
+    start = {1: _Precise(total_ticks=50, children_ticks=10, threads={1: 4_000_000_000, 2: 1_000_000_000}),
+             7: _Precise(total_ticks=3, children_ticks=0, threads={7: 30_000_000})}
+    stop = {1: _Precise(total_ticks=60, children_ticks=10 + tick, threads={1: 4_002_000_000, 3: 500_000}),
+            9: _Precise(total_ticks=0, children_ticks=0, threads={9: 1_000_000})}
+    # thread 1: +2 ms; thread 2 exited: nothing; thread 3 new: +0.5 ms; process 9 new: +1 ms;
+    # process 7 was reaped: its 3 ticks at start come back through process 1's children (1 s), so -3 ticks
+    want = 0.002 + 0.0005 + 0.001 + 1.0 - 3 / tick
+    assert precise_cpu_s(start, stop) == pytest.approx(want)
+    before = {1: start[1]}
+    after = {1: _Precise(total_ticks=60, children_ticks=10, threads={1: 4_000_000_000})}
+    assert precise_cpu_s(before, after) == 0.0      # thread 2 exited (1 s at start): it subtracts nothing
 
 
 def test_apache_absent_is_skipped_with_a_message(root, tmp_path, monkeypatch):

@@ -106,6 +106,30 @@ def test_tables_without_baseline_or_subject():
     assert "| 5 |" in md and "| 7 |" in md
 
 
+def test_every_aspen_target_gets_ratios_to_stock(tmp_path):
+    ms = [Measurement("full-clone", t, {"depth": 0}, {"wall_ms": w, "pack_bytes": b})
+          for t, w, b in (("aspen", 80.0, 1000), ("aspen-packs", 60.0, 400), ("stock", 100.0, 1000))]
+    ms += [Measurement("warm-fetch", t, {}, {"server_cpu_s": c, "plan_share": share, "fallbacks": fb})
+           for t, c, share, fb in (("aspen-packs", 0.004, 1.0, ""), ("stock", 0.02, None, None))]
+    md = results.render_tables(ms)
+    head, row = _table(md, "full-clone")[:2]
+    assert head[1:5] == ["wall aspen/stock", "wall aspen-packs/stock", "pack bytes aspen/stock",
+                         "pack bytes aspen-packs/stock"]
+    assert row[1:5] == ["0.80", "0.60", "1.00", "0.40"]
+    assert head.index("wall aspen") < head.index("wall aspen-packs") < head.index("wall stock")
+    head, row = _table(md, "warm-fetch")[:2]        # no `aspen` target at all: aspen-packs still has its ratios
+    assert row[head.index("server cpu aspen-packs/stock")] == "0.20"
+    assert row[head.index("plan share aspen-packs")] == "1" and "plan share aspen-packs/stock" not in head
+    comps = {(c.workload, c.metric, c.subject_name): c.ratio for c in results.comparisons(ms)}
+    assert comps[("full-clone", "wall_ms", "aspen-packs")] == 0.6 and comps[("full-clone", "wall_ms", "aspen")] == 0.8
+    ms.append(Measurement("full-clone", "aspen-packs", {"depth": 1}, {"wall_ms": 30.0}))
+    ms.append(Measurement("full-clone", "stock", {"depth": 1}, {"wall_ms": 20.0}))
+    folder = write_folder(tmp_path, ms)
+    text = page.write_page(tmp_path / "B.md", [folder]).read_text()
+    loses = text.split("## Where Aspen loses", 1)[1].split("\n## ", 1)[0]
+    assert "| full-clone | wall | depth=1 | 1.50 | 30 (aspen-packs) | 20 (stock) | 1 of 2 |" in loses
+
+
 def test_other_figures_and_text_metrics():
     ms = [Measurement("warm-fetch", t, {}, {"wall_ms": w, "bytes": 10, "requests": 3, "plan": p, "why": y})
           for t, w, p, y in (("aspen", 5.0, "fallback", "no-planner"), ("stock", 10.0, None, None))]

@@ -1,5 +1,6 @@
 """bench/: the repository generator's determinism and sizes, percentile maths,
-and quick workloads end to end against real Aspen and stock servers."""
+the plan trace's parsing and summaries, and quick workloads end to end against
+real Aspen (with and without version packs) and stock servers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench import gitclient, repogen, stats
+from bench.model import TargetInfo
 from bench.workloads import WORKLOADS, WorkloadContext
+from bench.workloads.common import PlanStats, parse_plan_line, plan_metrics
+from bench.workloads.randomfetch import parse_protocols
 
 
 def _all_refs(repo: Path) -> str:
@@ -75,14 +79,87 @@ def test_percentiles_by_hand():
     assert len(stats.cdf(list(range(100)), points=10)) == 10
 
 
+# ---------------------------------------------------------------- the plan trace
+
+PLAN_JSON = ('aspen-plan {"bytes":1513,"extents":2,"objects":4,"plan":"planned","plan_us":169,"protocol":2,'
+             '"repo":"bench.git","segments_visited":1,"serve_ms":4.5,"status":200,"version":12,"versions_visited":3}')
+
+
+def test_plan_lines_parse_json_and_the_older_access_line():
+    d = parse_plan_line(PLAN_JSON)
+    assert d["plan"] == "planned" and d["plan_us"] == 169 and d["extents"] == 2
+    old = parse_plan_line("aspen: repo=bench.git service=git-upload-pack method=POST path=/bench.git/git-upload-pack "
+                          "status=200 bytes=900 ms=7.5 version=9 plan=fallback why=not-built plan_us=12 visits=4+2")
+    assert (old["plan"], old["why"], old["plan_us"], old["versions_visited"], old["segments_visited"],
+            old["serve_ms"]) == ("fallback", "not-built", 12, 4, 2, 7.5)
+    assert parse_plan_line("[2026-01-01] [INFO] Booting worker") is None
+    assert parse_plan_line("aspen-plan {not json") is None
+    # JSON lines win over access lines of the same operation; a negotiation's rounds add up
+    rounds = [old, parse_plan_line(PLAN_JSON.replace('"planned"', '"fallback","why":"haves-not-proved"')),
+              parse_plan_line(PLAN_JSON)]
+    m = plan_metrics(rounds)
+    assert m["plan"] == "planned" and m["plan_rounds"] == 2 and "why" not in m
+    assert (m["planning_us"], m["versions_visited"], m["segments_visited"], m["visits_total"]) == (338, 6, 2, 8)
+    assert m["extents"] == 2 and m["objects"] == 4 and m["serve_ms"] == 9.0 and m["protocol"] == 2
+    assert plan_metrics([old]) == {"plan": "fallback", "plan_rounds": 1, "why": "not-built", "planning_us": 12,
+                                   "versions_visited": 4, "segments_visited": 2, "serve_ms": 7.5, "visits_total": 6}
+    assert plan_metrics([]) == {}
+
+
+def test_plan_stats_summarise_shares_and_why_counts():
+    t = TargetInfo("aspen-packs", "http://x", None, plan_log=Path("/nonexistent.log"))
+    st = PlanStats(t)
+    for proto, plan, why, us in ((2, "planned", None, 100), (2, "planned", None, 300), (0, "fallback", "v0", 50),
+                                 (0, "fallback", "v0", None), (2, "fallback", "unknown-have", 70)):
+        m = {"plan": plan, "protocol": proto, "visits_total": 4}
+        if why:
+            m["why"] = why
+        if us is not None:
+            m["planning_us"] = us
+        st.add(m)
+    st.add({})                                       # a fetch that left no trace line
+    out = st.summary()
+    assert out["plan_share"] == pytest.approx(2 / 5, abs=1e-4)      # of the fetches traced
+    assert (out["planned"], out["fallback"], out["untraced"]) == (2, 3, 1)
+    assert out["fallbacks"] == "v0=2, unknown-have=1" and out["why"] == "v0" and out["plan"] == "fallback"
+    assert out["planning_us"] == 85 and out["planning_us_max"] == 300 and out["visits_max"] == 4
+    assert out["plan_share_v2"] == pytest.approx(2 / 3, abs=1e-4)
+    assert out["plan_share_v0"] == 0 and out["fetches_v0"] == 2
+    stock = PlanStats(TargetInfo("stock", "http://x", None))
+    stock.add({"plan": "planned"})
+    assert stock.summary() == {}
+
+
+def test_protocols_param():
+    assert parse_protocols("0,2") == [0, 2] and parse_protocols("v2") == [2] and parse_protocols(0) == [0]
+    assert parse_protocols([2, 0]) == [2, 0]
+    for bad in ("", "3", "0,x"):
+        with pytest.raises(ValueError):
+            parse_protocols(bad)
+
+
+def test_run_knobs_from_the_command_line():
+    from bench.cli import _knobs, build_parser
+    args = build_parser().parse_args(["run", "random-fetch", "--fetches", "7", "--protocols", "2", "--history", "9",
+                                      "--cpu-fetches", "3", "-p", "packs_timeout=30", "-p", "wait-packs=0",
+                                      "-p", "label=x,y"])
+    assert _knobs(args) == {"fetches": 7, "protocols": "2", "history": 9, "cpu_fetches": 3, "packs_timeout": 30,
+                            "wait_packs": 0, "label": "x,y"}
+    with pytest.raises(SystemExit):
+        _knobs(build_parser().parse_args(["run", "x", "-p", "novalue"]))
+
+
+# ---------------------------------------------------------------- end to end
+
 @pytest.fixture
 def bench_ctx(tmp_path):
-    """Aspen and stock, started by bench.targets over copies of a tiny generated root."""
+    """Aspen (without and with version packs) and stock, started by bench.targets
+    over copies of a tiny generated root."""
     from bench import targets
     root = tmp_path / "root"
     root.mkdir()
     repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
-    with targets.running_targets(["aspen", "stock"], root, tmp_path / "servers") as started:
+    with targets.running_targets(["aspen", "aspen-packs", "stock"], root, tmp_path / "servers") as started:
         infos = [t.info for t in started]
         yield WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
                               roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
@@ -91,29 +168,64 @@ def bench_ctx(tmp_path):
 
 def test_warm_fetch_end_to_end(bench_ctx):
     rows = WORKLOADS["warm-fetch"](bench_ctx)
-    assert sorted(r.target for r in rows) == ["aspen", "stock"]
+    assert sorted(r.target for r in rows) == ["aspen", "aspen-packs", "stock"]
     for r in rows:
-        assert r.metrics["failures"] == 0, r.notes
+        assert r.metrics["failures"] == 0 and r.metrics["cpu_failures"] == 0, r.notes
         assert r.metrics["verified"] is True
         assert r.metrics["wall_ms"] > 0 and r.samples
         assert r.metrics["bytes"] > 0 and r.metrics["exchange_bytes"] > r.metrics["bytes"]
         assert r.metrics["pack_bytes"] > 0
-    aspen = next(r for r in rows if r.target == "aspen")
-    assert aspen.metrics.get("plan") == "fallback"
+        assert r.metrics["cpu_fetches"] == 3 and r.metrics["server_cpu_s"] > 0   # quick: 1 timed + 2 more
+    by = {r.target: r.metrics for r in rows}
+    assert by["aspen"]["plan"] == "fallback" and by["aspen"]["plan_share"] == 0
+    assert by["aspen"]["fallbacks"] == "not-built=3"                        # every fetch traced, none planned
+    assert by["aspen-packs"]["planned"] + by["aspen-packs"]["fallback"] == 3
+    assert by["aspen-packs"]["packs_wait_ms"] >= 0 and "packs_wait_ms" not in by["aspen"]
+    assert "plan" not in by["stock"] and "plan_share" not in by["stock"]
     # the same commits were pushed to every target, so their bytes compare
     refs = [gitclient.local_refs(bench_ctx.roots[t.name] / "bench.git") for t in bench_ctx.targets]
-    assert refs[0] == refs[1] and "refs/heads/main" in refs[0]
+    assert refs[0] == refs[1] == refs[2] and "refs/heads/main" in refs[0]
 
 
 def test_depth1_clone_and_random_fetch_end_to_end(bench_ctx):
-    bench_ctx.params.update(reps=1, fetches=3)
+    bench_ctx.params.update(reps=1, fetches=4)
     for r in WORKLOADS["depth1-clone"](bench_ctx):
         assert r.metrics["failures"] == 0, r.notes
         assert r.metrics["wall_ms"] > 0 and r.metrics["bytes"] > 0 and r.metrics["pack_bytes"] > 0
     rows = WORKLOADS["random-fetch"](bench_ctx)
     for r in rows:
-        assert r.metrics["failures"] == 0 and r.metrics["verified"] == 3, r.notes
+        assert r.metrics["failures"] == 0 and r.metrics["verified"] == 4, r.notes
         assert r.metrics["bytes"] > 0
+        assert r.params["protocols"] == "0,2" and r.metrics["fetches_v0"] == r.metrics["fetches_v2"] == 2
+    by = {r.target: r.metrics for r in rows}
+    for t in ("aspen", "aspen-packs"):
+        assert by[t]["planned"] + by[t]["fallback"] == 4 and 0 <= by[t]["plan_share"] <= 1
+    assert by["aspen"]["fallbacks"] == "not-built=4" and "packs_wait_ms" in by["aspen-packs"]
+    assert "plan_share" not in by["stock"]
+    bench_ctx.params.update(fetches=2, protocols="2", wait_packs=0)
+    for r in WORKLOADS["random-fetch"](bench_ctx):
+        assert r.metrics["verified"] == 2 and r.metrics["fetches_v2"] == 2 and "fetches_v0" not in r.metrics
+        assert "packs_wait_ms" not in r.metrics
+
+
+def test_history_clone_end_to_end(bench_ctx):
+    bench_ctx.params.update(history=6, reps=2)
+    rows = WORKLOADS["history-clone"](bench_ctx)
+    by = {r.target: r.metrics for r in rows}
+    assert set(by) == {"aspen", "aspen-packs", "stock"}
+    for t, m in by.items():
+        assert m["failures"] == 0 and m["verified"] is True and m["history_push_failures"] == 0, t
+        assert m["history"] == 6 and m["reps"] == 2 and m["pack_bytes"] > 0 and m["server_cpu_s"] > 0
+    packs = by["aspen-packs"]
+    assert packs["packs_settled"] is True and packs["packs_pending"] == 0
+    assert packs["pack_files"] >= 2 and packs["packs_bytes"] > 0          # the import's and the pushes'
+    assert packs["planned"] + packs["fallback"] == 2
+    if packs["planned"]:
+        assert packs["extents"] >= 1
+    assert by["aspen"]["fallbacks"] == "not-built=2" and "packs_wait_ms" not in by["aspen"]
+    # the same history reached every target
+    refs = [gitclient.local_refs(bench_ctx.roots[t.name] / "bench.git")["refs/heads/main"] for t in bench_ctx.targets]
+    assert len(set(refs)) == 1
 
 
 def test_gitclient_failure_is_a_result(tmp_path):

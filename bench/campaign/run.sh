@@ -9,7 +9,7 @@
 # timeout; a step that fails or runs out of time is logged and the campaign goes
 # on (the page lists what is missing). Steps with a large and a fallback size try
 # the large one first. `--quick` (tiny repository, small K, max-n 100) finishes in
-# under 5 minutes. Sizes can be overridden from the environment (BENCH_*, listed
+# about 3 minutes. Sizes can be overridden from the environment (BENCH_*, listed
 # in bench/README.md and in the steps below).
 set -uo pipefail
 
@@ -37,7 +37,7 @@ folder="$dir/results/$(date -u +%F)-$tag"
 rm -rf "$folder"
 mkdir -p "$folder"
 
-targets=${BENCH_TARGETS:-aspen,stock}
+targets=${BENCH_TARGETS:-aspen,aspen-packs,stock}
 if [ -z "${BENCH_TARGETS:-}" ] && { command -v apache2 >/dev/null || [ -x /usr/sbin/apache2 ]; }; then
   targets="$targets,stock-apache"
 fi
@@ -63,15 +63,18 @@ if [ $quick -eq 1 ]; then
   cmd="bench/campaign/run.sh --quick DIR"
   preset=${BENCH_PRESET:-tiny}
   # One run of every workload at its quick size; the whole run is bounded.
-  step "${BENCH_QUICK_LIMIT:-270}" all --quick --preset "$preset" --jobs "${BENCH_JOBS:-20}" \
+  step "${BENCH_QUICK_LIMIT:-360}" all --quick --preset "$preset" --jobs "${BENCH_JOBS:-20}" \
     --max-n "${BENCH_MAX_N:-100}" --pushes "${BENCH_PUSHES:-100}" --seconds "${BENCH_SECONDS:-5}" \
-    --clients "${BENCH_CLIENTS:-8}" --fetches "${BENCH_FETCHES:-20}" || failed+=(all)
+    --clients "${BENCH_CLIENTS:-8}" --fetches "${BENCH_FETCHES:-20}" --history "${BENCH_HISTORY:-50}" || failed+=(all)
 else
   cmd="bench/campaign/run.sh DIR"
   preset=${BENCH_PRESET:-medium}
   big_n=${BENCH_MAX_N:-10000}; small_n=${BENCH_MAX_N_FALLBACK:-1000}
   big_p=${BENCH_PUSHES:-10000}; small_p=${BENCH_PUSHES_FALLBACK:-1000}
+  big_f=${BENCH_FETCHES:-2000}; small_f=${BENCH_FETCHES_FALLBACK:-500}
   step 3600 full-clone depth1-clone warm-fetch --preset "$preset" || failed+=(clones)
+  step "${BENCH_HISTORY_LIMIT:-5400}" history-clone --preset "$preset" --history "${BENCH_HISTORY:-1000}" \
+    || failed+=(history-clone)
   step 3600 storm-depth1 storm-warm --preset "$preset" --jobs "${BENCH_JOBS:-200}" || failed+=(storms)
   step 2400 clone-concurrency --preset "$preset" --clients "${BENCH_CLIENTS:-32}" || failed+=(clone-concurrency)
   step "${BENCH_STALE_LIMIT:-7200}" stale-branch --preset "$preset" --max-n "$big_n" \
@@ -81,8 +84,10 @@ else
   step 1800 ref-advertisement --preset "$preset" || failed+=(ref-advertisement)
   step 1800 writers --preset "$preset" --writers "${BENCH_WRITERS:-16}" --seconds "${BENCH_SECONDS:-30}" \
     || failed+=(writers)
-  step 3600 random-fetch --preset "${BENCH_RANDOM_PRESET:-small}" --fetches "${BENCH_FETCHES:-200}" \
-    || failed+=(random-fetch)
+  step "${BENCH_RANDOM_LIMIT:-7200}" random-fetch --preset "${BENCH_RANDOM_PRESET:-small}" --fetches "$big_f" \
+    --protocols "${BENCH_PROTOCOLS:-0,2}" \
+    || step 3600 random-fetch --preset "${BENCH_RANDOM_PRESET:-small}" --fetches "$small_f" \
+    --protocols "${BENCH_PROTOCOLS:-0,2}" || failed+=(random-fetch)
 fi
 
 echo "== $(date -u +%T) report" | tee -a "$log" >&2

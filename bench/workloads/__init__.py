@@ -7,15 +7,22 @@ each measures every target of the context in the same run.
 Knobs (`ctx.params`, quick default in brackets): reps (per workload), jobs 200 [20]
 and pool (= jobs) for storms, max_n 10000 [100], pushes 10000 [200] and window
 100 [50] for push-history, writers 16 [4], readers 4 [2], seconds 30 [5],
-clients 16 [4], fetches 200 [20], refs 5000 [500] for ref-advertisement, seed 1,
-protocol 2 (or 0).
+clients 16 [4], fetches 200 [20] and protocols "0,2" and wait_packs 1 for
+random-fetch, refs 5000 [500] for ref-advertisement, history 1000 [50] for
+history-clone, cpu_fetches 4 [2] for warm-fetch, packs_timeout (seconds a
+version-packs target is given to build its packs: 600 after one push, 1800
+after histories), seed 1, protocol 2 (or 0).
 
 Metric keys (wire bytes only when the target has a proxy): `bytes` (server to
 client), `request_bytes`, `exchange_bytes` (both ways), `pack_bytes`,
 `requests`; `wall_ms` (median over reps), `failures`; percentiles as
 `p50_ms`/`p90_ms`/`p99_ms` (also `min_ms`, `mean_ms`, `max_ms`); storms add
-`server_cpu_s`, `server_peak_rss_bytes`, `total_wall_ms`; Aspen rows may add
-`plan`, `why`, `versions_visited`, `planning_us` from its access log.
+`server_cpu_s`, `server_peak_rss_bytes`, `total_wall_ms` (warm-fetch and
+history-clone: `server_cpu_s` per fetch or clone); Aspen rows add the plan
+trace (common.PlanStats): `plan_share`, `planned`, `fallback`, `fallbacks`
+(why=count), `plan`, `why`, `planning_us`, `versions_visited`,
+`segments_visited`, `visits_total`, `extents`, `serve_ms`; targets that build
+version packs add `packs_wait_ms` (and `pack_files`, `packs_bytes`).
 """
 
 from .base import WORKLOADS, Workload, WorkloadContext, register
@@ -23,8 +30,8 @@ from . import adverts, clones, fetches, pushes, randomfetch, storms  # each regi
 
 _FAMILIES = (adverts, clones, fetches, pushes, randomfetch, storms)
 
-ORDER = ["full-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "push-history",
-         "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch"]
+ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
+         "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch"]
 _ordered = {n: WORKLOADS[n] for n in ORDER if n in WORKLOADS}
 _ordered.update(WORKLOADS)   # any later-registered names keep their place after these
 WORKLOADS.clear()

@@ -1,5 +1,7 @@
 """Clone workloads: `full-clone` and `depth1-clone` (repeated, interleaved,
-medians of wall and bytes) and `clone-concurrency` (C clients at once)."""
+medians of wall and bytes), `history-clone` (full `--mirror` clones after a
+history of K trunk pushes, once version packs are built) and
+`clone-concurrency` (C clients at once)."""
 
 from __future__ import annotations
 
@@ -8,25 +10,46 @@ from typing import Optional
 from .. import gitclient, stats
 from ..model import Measurement
 from .base import WorkloadContext, register
-from .common import Wire, ordered, report, repo_url, rmtree, run_jobs, first_failure
+from .common import (PlanLog, PlanStats, ServerUsage, Wire, first_failure, ordered, report, repo_url, rmtree,
+                     run_jobs)
+from .storeprobe import wait_target_packs
 
 
-def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int]) -> list[Measurement]:
+def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror: bool = False,
+                  params: Optional[dict] = None, extra: Optional[dict] = None, cpu: bool = False,
+                  verify: bool = False) -> list[Measurement]:
+    """REPS clones per target, targets alternating: median wall and wire bytes; the
+    plan trace (Aspen targets); with CPU the server tree's CPU per clone
+    (`server_cpu_s`, median); with VERIFY the last clone of each target is checked
+    (`git fsck --strict`, refs equal to the server's). EXTRA: target -> more metrics."""
     reps = int(ctx.param("reps", 5, quick=2))
     walls = {t.name: [] for t in ctx.targets}
     wires = {t.name: [] for t in ctx.targets}
+    cpus = {t.name: [] for t in ctx.targets}
+    plans = {t.name: PlanStats(t) for t in ctx.targets}
     fails = {t.name: 0 for t in ctx.targets}
     errors = {t.name: "" for t in ctx.targets}
+    verified: dict[str, bool] = {}
     total = reps * len(ctx.targets)
     for rep in range(reps):
         for t in ordered(ctx, rep):
             dest = ctx.workdir / name / t.name / str(rep)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with Wire(ctx, t) as w:
-                r = gitclient.clone(repo_url(ctx, t), dest, depth=depth)
+            with ServerUsage(ctx, t, precise=True) if cpu else _Nothing() as u, Wire(ctx, t) as w, \
+                    PlanLog(t) as plan:
+                r = gitclient.clone(repo_url(ctx, t), dest, depth=depth, mirror=mirror)
             if r.ok:
                 walls[t.name].append(r.wall_ms)
                 wires[t.name].append(w.metrics())
+                plans[t.name].add(plan.metrics())
+                if cpu and "server_cpu_s" in u.metrics():
+                    cpus[t.name].append(u.metrics()["server_cpu_s"])
+                if verify and rep == reps - 1:      # the last clone of each target
+                    ls = gitclient.ls_remote(repo_url(ctx, t))
+                    v = gitclient.verify(dest, gitclient.parse_refs(ls.stdout), mirror=True) if ls.ok else None
+                    verified[t.name] = bool(v and v.ok)
+                    if not verified[t.name]:
+                        errors[t.name] = (v.detail if v else ls.stderr_tail)[-300:]
             else:
                 fails[t.name] += 1
                 errors[t.name] = r.stderr_tail[-300:]
@@ -39,8 +62,26 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int]) -> list
             m["wall_ms"] = stats.median(walls[t.name])
         for key in (wires[t.name][0] if wires[t.name] else {}):
             m[key] = stats.median([x[key] for x in wires[t.name]])
-        out.append(Measurement(name, t.name, {"depth": depth or 0}, m, walls[t.name], errors[t.name]))
+        if cpus[t.name]:
+            m["server_cpu_s"] = stats.median(cpus[t.name])
+        if verify:
+            m["verified"] = verified.get(t.name, False)
+        m.update(plans[t.name].summary())
+        m.update((extra or {}).get(t.name, {}))
+        out.append(Measurement(name, t.name, dict(params if params is not None else {"depth": depth or 0}), m,
+                               walls[t.name], errors[t.name]))
     return out
+
+
+class _Nothing:
+    def __enter__(self) -> "_Nothing":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def metrics(self) -> dict:
+        return {}
 
 
 @register("full-clone")
@@ -53,6 +94,59 @@ def full_clone(ctx: WorkloadContext) -> list[Measurement]:
 def depth1_clone(ctx: WorkloadContext) -> list[Measurement]:
     """`--depth 1` clone (no checkout): median wall ms and wire bytes over repetitions."""
     return _clone_series(ctx, "depth1-clone", 1)
+
+
+@register("history-clone")
+def history_clone(ctx: WorkloadContext) -> list[Measurement]:
+    """Full `--mirror` clones after a history of K trunk pushes (params history,
+    default 1000, quick 50), each a real HTTP push of one commit, targets
+    interleaved push by push. A target that builds version packs (aspen-packs)
+    is first left to build them all, and to compact them when it does (no
+    builder or lock in its packs directory, no version without its pack, the
+    directory quiet for 1 s; bounded by params packs_timeout, default 1800 s):
+    packs_wait_ms, packs_settled, pack_files, packs_bytes. Then reps clones
+    (default 5, quick 2), targets alternating: median wall, bytes, pack_bytes,
+    exchange_bytes, server_cpu_s per clone, and the plan trace (plan_share,
+    extents, planning_us); the last clone of each target is verified."""
+    k = int(ctx.param("history", 1000, quick=50))
+    state = {}
+    for t in ctx.targets:
+        d = ctx.workdir / "history-clone" / t.name
+        d.mkdir(parents=True, exist_ok=True)
+        pusher = d / "pusher"
+        if not gitclient.clone(repo_url(ctx, t), pusher, bare=True).ok:
+            raise RuntimeError(f"history-clone: cannot clone {t.name}")
+        base = gitclient.rev_parse(pusher, "refs/heads/main")
+        ids = gitclient.fast_import_chain(pusher, base, k, "refs/bench/history", tag="history")
+        state[t.name] = {"pusher": pusher, "ids": ids, "lat": [], "failed": 0}
+    for i in range(k):
+        for t in ordered(ctx, i):
+            s = state[t.name]
+            r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][i], "refs/heads/main")
+            if r.ok:
+                s["lat"].append(r.wall_ms)
+            else:
+                s["failed"] += 1
+        if i % 10 == 9 or i == k - 1:
+            report(ctx, i + 1, k, "history-clone pushes")
+    extra = {}
+    for t in ctx.targets:
+        s = state[t.name]
+        m = {"history": k, "history_push_failures": s["failed"]}
+        if s["lat"]:
+            m["history_push_p50_ms"] = stats.median(s["lat"])
+        report(ctx, 0, None, f"history-clone: {t.name} packs")
+        m.update(wait_target_packs(ctx, t, timeout=float(ctx.param("packs_timeout", 1800)), quiet=1.0))
+        extra[t.name] = m
+        rmtree(ctx.workdir / "history-clone" / t.name)
+    rows = _clone_series(ctx, "history-clone", None, mirror=True, params={"history": k}, extra=extra, cpu=True,
+                         verify=True)
+    for r in rows:
+        if r.metrics.get("packs_settled") is False:
+            r.notes = (r.notes + " " if r.notes else "") + (
+                f"packs not all built after {r.metrics.get('packs_wait_ms', 0) / 1000:.0f} s "
+                f"({r.metrics.get('packs_pending')} pending): clones measured anyway")
+    return rows
 
 
 @register("clone-concurrency")

@@ -4,6 +4,7 @@ directory copies, and a bounded thread pool of git jobs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import gitclient
+from .. import gitclient, stats
 from ..model import RequestRecord, TargetInfo
 from .base import WorkloadContext
 
@@ -71,13 +72,88 @@ class Wire:
 
 
 _KV = re.compile(r"(\w+)=(\S+)")
+PLAN_PREFIX = "aspen-plan "
+# Numbers of a plan trace line summed over the lines of one client operation
+# (a v2 negotiation of several rounds writes one line per round).
+_SUMMED = (("plan_us", "planning_us"), ("versions_visited", "versions_visited"),
+           ("segments_visited", "segments_visited"), ("serve_ms", "serve_ms"))
+
+
+def parse_plan_line(line: str) -> Optional[dict]:
+    """One line of Aspen's error log as a dict: the JSON of an `aspen-plan {...}`
+    line, or the fields of an older `aspen: k=v ...` access line (with
+    `visits=V+S` split and `ms` as serve_ms); None for any other line."""
+    if line.startswith(PLAN_PREFIX):
+        try:
+            d = json.loads(line[len(PLAN_PREFIX):])
+        except ValueError:
+            return None
+        if isinstance(d, dict):
+            d["_json"] = True
+            return d
+        return None
+    if not line.startswith("aspen: "):
+        return None
+    d: dict = {}
+    for k, v in _KV.findall(line):
+        d[k] = _number(v)
+    visits = d.get("visits")
+    if isinstance(visits, str) and "+" in visits:
+        a, _, b = visits.partition("+")
+        if _num(a) and _num(b):
+            d.setdefault("versions_visited", _number(a))
+            d.setdefault("segments_visited", _number(b))
+    if "ms" in d:
+        d.setdefault("serve_ms", d["ms"])
+    return d
+
+
+def _number(v):
+    if isinstance(v, str) and _num(v):
+        f = float(v)
+        return int(f) if f.is_integer() and "." not in v else f
+    return v
+
+
+def plan_metrics(lines: list[dict]) -> dict:
+    """What the plan trace says about ONE client operation (one fetch or clone):
+    `plan` and `why` of its last fetch response (the one that sent the pack),
+    planning_us / versions_visited / segments_visited / serve_ms summed over its
+    responses, visits_total, extents and objects of the planned response,
+    protocol, and plan_rounds (responses traced). The `aspen-plan` JSON lines
+    are used when there are any, else the older `aspen:` access lines that
+    carry plan=; empty when neither is there."""
+    plans = [d for d in lines if d.get("_json") and "plan" in d]
+    if not plans:
+        plans = [d for d in lines if not d.get("_json") and "plan" in d]
+    if not plans:
+        return {}
+    last = plans[-1]
+    out: dict = {"plan": str(last["plan"]), "plan_rounds": len(plans)}
+    if out["plan"] != "planned" and last.get("why") is not None:
+        out["why"] = str(last["why"])
+    for src, dst in _SUMMED:
+        vals = [d[src] for d in plans if isinstance(d.get(src), (int, float)) and not isinstance(d.get(src), bool)]
+        if vals:
+            out[dst] = sum(vals)
+    if "versions_visited" in out or "segments_visited" in out:
+        out["visits_total"] = out.get("versions_visited", 0) + out.get("segments_visited", 0)
+    if out["plan"] == "planned":
+        for key in ("extents", "objects"):
+            if isinstance(last.get(key), (int, float)):
+                out[key] = last[key]
+    if isinstance(last.get("protocol"), int):
+        out["protocol"] = last["protocol"]
+    return out
 
 
 class PlanLog:
-    """New `aspen: ...` lines in a target's plan log written while the block runs."""
+    """The plan trace lines Aspen writes to a target's log while the block runs:
+    `with PlanLog(t) as plan: ...` then `plan.metrics()` (see plan_metrics);
+    nothing for targets without a plan log (stock)."""
 
     def __init__(self, t: TargetInfo):
-        self.path = Path(t.plan_log) if t.plan_log else None
+        self.path = Path(t.plan_log) if getattr(t, "plan_log", None) else None
         self.lines: list[dict] = []
 
     def __enter__(self) -> "PlanLog":
@@ -88,10 +164,13 @@ class PlanLog:
         if not self.path:
             return
         deadline = time.monotonic() + 1.0
-        while True:   # the access line is written when the response body is closed
+        size = -1
+        while True:   # the trace is written when the response body is closed: wait for it, then for quiet
             self.lines = self._read()
-            if any("plan" in d for d in self.lines) or time.monotonic() > deadline:
+            now = self.path.stat().st_size if self.path.exists() else 0
+            if (any("plan" in d for d in self.lines) and now == size) or time.monotonic() > deadline:
                 return
+            size = now
             time.sleep(0.02)
 
     def _read(self) -> list[dict]:
@@ -100,23 +179,72 @@ class PlanLog:
         with open(self.path, "rb") as f:
             f.seek(self._pos)
             text = f.read().decode(errors="replace")
-        return [dict(_KV.findall(line)) for line in text.splitlines() if line.startswith("aspen: ")]
+        return [d for d in (parse_plan_line(line) for line in text.splitlines()) if d is not None]
 
     def metrics(self) -> dict:
-        """plan/why of the upload-pack POST, and versions_visited/planning_us when traced."""
-        posts = [d for d in self.lines if "plan" in d] or [d for d in self.lines if d.get("service") == "git-upload-pack"]
-        if not posts:
+        return plan_metrics(self.lines)
+
+
+class PlanStats:
+    """Plan traces of a workload's client operations on one target, summarised:
+    `add(PlanLog.metrics())` per successful operation, then `summary()`.
+    Empty for targets without a plan log."""
+
+    def __init__(self, t: TargetInfo):
+        self.traced = bool(getattr(t, "plan_log", None))
+        self.ops: list[dict] = []
+
+    def add(self, m: dict) -> None:
+        if self.traced:
+            self.ops.append(dict(m))
+
+    def summary(self) -> dict:
+        """plan_share (planned / operations traced), planned, fallback, untraced
+        (operations that left no trace line: nothing to fetch, no fetch request), fallbacks ("why=count, ..." most frequent first), plan
+        and why (the most frequent), medians of planning_us, versions_visited,
+        segments_visited, visits_total, extents (planned ones), serve_ms;
+        planning_us_max and visits_max; per protocol plan_share_vP when several
+        protocols were traced."""
+        if not self.traced or not self.ops:
             return {}
-        d = posts[-1]
-        out = {}
-        for key, names in (("plan", ("plan",)), ("why", ("why",)),
-                           ("versions_visited", ("versions_visited", "visited", "versions")),
-                           ("planning_us", ("planning_us", "plan_us"))):
-            for n in names:
-                if n in d:
-                    v = d[n]
-                    out[key] = float(v) if key in ("versions_visited", "planning_us") and _num(v) else v
-                    break
+        n = len(self.ops)
+        traced = [o for o in self.ops if "plan" in o]
+        planned = [o for o in traced if o["plan"] == "planned"]
+        whys: dict[str, int] = {}
+        for o in traced:
+            if o["plan"] != "planned":
+                w = o.get("why", "?")
+                whys[w] = whys.get(w, 0) + 1
+        out: dict = {"planned": len(planned), "fallback": len(traced) - len(planned)}
+        if traced:
+            out["plan_share"] = round(len(planned) / len(traced), 4)
+        if len(traced) < n:
+            out["untraced"] = n - len(traced)
+        if whys:
+            ranked = sorted(whys.items(), key=lambda kv: (-kv[1], kv[0]))
+            out["fallbacks"] = ", ".join(f"{w}={c}" for w, c in ranked)
+            out["why"] = ranked[0][0]
+        if traced:
+            plans = [o["plan"] for o in traced]
+            out["plan"] = max(sorted(set(plans)), key=plans.count)
+        for key, pool in (("planning_us", traced), ("versions_visited", traced), ("segments_visited", traced),
+                          ("visits_total", traced), ("serve_ms", traced), ("extents", planned),
+                          ("objects", planned)):
+            vals = [o[key] for o in pool if key in o]
+            if vals:
+                out[key] = stats.median(vals)
+        us = [o["planning_us"] for o in traced if "planning_us" in o]
+        if us:
+            out["planning_us_max"] = max(us)
+        visits = [o["visits_total"] for o in traced if "visits_total" in o]
+        if visits:
+            out["visits_max"] = max(visits)
+        protos = sorted({o["protocol"] for o in traced if "protocol" in o})
+        if len(protos) > 1:
+            for p in protos:
+                mine = [o for o in traced if o.get("protocol") == p]
+                out[f"plan_share_v{p}"] = round(sum(o["plan"] == "planned" for o in mine) / len(mine), 4)
+                out[f"fetches_v{p}"] = len(mine)
         return out
 
 
@@ -124,7 +252,7 @@ def _num(v: str) -> bool:
     try:
         float(v)
         return True
-    except ValueError:
+    except (TypeError, ValueError):
         return False
 
 
@@ -132,8 +260,9 @@ class ServerUsage:
     """CPU seconds and peak RSS of a target's server process trees during a block
     (metrics empty when procstats or pids are unavailable)."""
 
-    def __init__(self, ctx: WorkloadContext, t: TargetInfo):
+    def __init__(self, ctx: WorkloadContext, t: TargetInfo, precise: bool = False):
         self.pids = list(ctx.procs.get(t.name) or t.pids or [])
+        self.precise = precise
         self.stats = None
         self._tree = None
 
@@ -141,7 +270,7 @@ class ServerUsage:
         if self.pids:
             try:
                 from ..procstats import ProcTree
-                self._tree = ProcTree(self.pids).start()
+                self._tree = ProcTree(self.pids, precise=self.precise).start()
             except Exception:
                 self._tree = None
         return self

@@ -11,7 +11,8 @@ import time
 from .. import gitclient, stats
 from ..model import Measurement
 from .base import WorkloadContext, register
-from .common import copy_client, quiet_repo, report, repo_url, rmtree, ordered
+from .common import ServerUsage, copy_client, quiet_repo, report, repo_url, rmtree, ordered
+from .storeprobe import wait_target_packs
 
 
 @register("push-history")
@@ -21,8 +22,12 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
     params["window"] pushes (default 100, quick 50) with p50/p99, and one
     summary row (params {"window": "all"}) that also compares the p50 of the
     first and last 500 pushes (10% each with fewer than 5,000): first_p50_ms,
-    last_p50_ms and last_first (1.0 = flat); Aspen's row notes the issue's
-    target (last/first <= 1.2, p50 <= stock's)."""
+    last_p50_ms and last_first (1.0 = flat); each Aspen row notes the issue's
+    target (last/first <= 1.2, p50 <= stock's). The summary row also has
+    server_cpu_s, the CPU of the target's server tree over the whole history
+    (its own pushes only, and for a target that builds version packs, the
+    builds, waited for after the last push: packs_wait_ms, packs_settled,
+    pack_files, packs_bytes)."""
     total = int(ctx.param("pushes", 10000, quick=200))
     window = int(ctx.param("window", 100, quick=50))
     state = {}
@@ -35,14 +40,22 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
         base = gitclient.rev_parse(pusher, "refs/heads/main")
         ids = gitclient.fast_import_chain(pusher, base, total, "refs/bench/history", tag="history")
         state[t.name] = {"pusher": pusher, "ids": ids, "lat": [], "ok": []}
-    for k in range(total):
-        for t in ordered(ctx, k):
-            s = state[t.name]
-            r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][k], "refs/heads/main")
-            s["lat"].append(r.wall_ms)
-            s["ok"].append(r.ok)
-        if k % 10 == 9 or k == total - 1:
-            report(ctx, k + 1, total, "push-history")
+    usage = {t.name: ServerUsage(ctx, t).__enter__() for t in ctx.targets}
+    settled = {}
+    try:
+        for k in range(total):
+            for t in ordered(ctx, k):
+                s = state[t.name]
+                r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][k], "refs/heads/main")
+                s["lat"].append(r.wall_ms)
+                s["ok"].append(r.ok)
+            if k % 10 == 9 or k == total - 1:
+                report(ctx, k + 1, total, "push-history")
+        for t in ctx.targets:
+            settled[t.name] = wait_target_packs(ctx, t, timeout=float(ctx.param("packs_timeout", 1800)))
+    finally:
+        for u in usage.values():
+            u.__exit__(None, None, None)
     out = []
     for t in ctx.targets:
         s = state[t.name]
@@ -58,6 +71,8 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
         m = {"pushes": len(ok), "failures": total - len(ok)}
         m.update({f"{k}_ms": v for k, v in stats.summary(ok).items() if k != "n"})
         m.update(first_last(s["lat"], s["ok"]))
+        m.update({k: v for k, v in usage[t.name].metrics().items() if k == "server_cpu_s"})
+        m.update(settled.get(t.name, {}))
         out.append(Measurement("push-history", t.name, {"window": "all"}, m, ok))
         rmtree(ctx.workdir / "push-history" / t.name)
     _note_issue_target(out)
@@ -94,19 +109,26 @@ def first_last(lat: list[float], ok: list[bool]) -> dict:
 
 
 def _note_issue_target(rows: list[Measurement]) -> None:
-    """On Aspen's summary row: whether the issue's target holds (last/first <=
-    1.2 and Aspen's p50 <= stock's p50 over the whole history)."""
+    """On each Aspen summary row (aspen, aspen-packs, ...): whether the issue's
+    target holds (last/first <= 1.2 and its p50 <= stock's p50 over the whole
+    history); for a target that builds version packs, how long its packs took
+    to catch up after the last push."""
     summary = {r.target: r for r in rows if r.params.get("window") == "all"}
-    a, b = summary.get("aspen"), summary.get("stock")
-    if a is None or "last_first" not in a.metrics:
-        return
-    flat = a.metrics["last_first"] <= FLAT_TARGET
-    text = f"issue target: last/first {a.metrics['last_first']:.2f} <= {FLAT_TARGET} {'met' if flat else 'MISSED'}"
-    if b is not None and "p50_ms" in a.metrics and "p50_ms" in b.metrics:
-        fast = a.metrics["p50_ms"] <= b.metrics["p50_ms"]
-        text += (f"; p50 {a.metrics['p50_ms']:.1f} ms vs stock {b.metrics['p50_ms']:.1f} ms "
-                 f"{'met' if fast else 'MISSED'}")
-    a.notes = (a.notes + " " if a.notes else "") + text
+    b = summary.get("stock")
+    for name, a in summary.items():
+        if not (name == "aspen" or name.startswith("aspen-")) or "last_first" not in a.metrics:
+            continue
+        flat = a.metrics["last_first"] <= FLAT_TARGET
+        text = (f"issue target: last/first {a.metrics['last_first']:.2f} <= {FLAT_TARGET} "
+                f"{'met' if flat else 'MISSED'}")
+        if b is not None and "p50_ms" in a.metrics and "p50_ms" in b.metrics:
+            fast = a.metrics["p50_ms"] <= b.metrics["p50_ms"]
+            text += (f"; p50 {a.metrics['p50_ms']:.1f} ms vs stock {b.metrics['p50_ms']:.1f} ms "
+                     f"{'met' if fast else 'MISSED'}")
+        if "packs_wait_ms" in a.metrics:
+            text += (f"; version packs {'caught up' if a.metrics.get('packs_settled') else 'NOT caught up'} "
+                     f"{a.metrics['packs_wait_ms'] / 1000:.1f} s after the last push")
+        a.notes = (a.notes + " " if a.notes else "") + text
 
 
 def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: float, rep: int) -> Measurement:

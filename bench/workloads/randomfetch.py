@@ -9,7 +9,13 @@ operations (commits, new branches, merges, force-pushes, branch deletes,
 annotated and lightweight tags, tag deletes) made in a mirror clone and sent
 with one real `git push --mirror`; then a random client fetches
 `+refs/*:refs/*` with prune and is verified (`git fsck --strict`, refs equal
-to the server's `ls-remote`). Rounds interleave the targets."""
+to the server's `ls-remote`). Rounds interleave the targets.
+
+The fetches alternate protocols (params protocols, default "0,2": fetch i uses
+the i-th in turn, the same on every target). On Aspen targets every fetch's
+plan trace is read (planned or fallback, and why); a target that builds
+version packs is first left to finish the round's packs (params wait_packs,
+default 1; 0 fetches at once, so `not-built` fallbacks count too)."""
 
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ from pathlib import Path
 from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
-from .common import Wire, ordered, report, repo_url, rmtree
+from .common import PlanLog, PlanStats, Wire, ordered, report, repo_url, rmtree
+from .storeprobe import wait_target_packs
 
 MAX_POOL = 6
 
@@ -39,6 +46,9 @@ class _World:
         self.bytes = {"bytes": 0, "pack_bytes": 0, "exchange_bytes": 0}
         self.n = {"fetches": 0, "verified": 0, "failures": 0, "clones": 0, "clone_failures": 0,
                   "push_failures": 0, "ops": 0}
+        self.by_protocol: dict[int, int] = {}
+        self.plans = PlanStats(t)
+        self.waits: list[float] = []
         self.error = ""
 
     def when(self) -> int:
@@ -112,7 +122,7 @@ class _World:
         gitclient.run(["config", "gc.auto", "0"], cwd=c)
         self.clients.append(c)
 
-    def round(self, ctx: WorkloadContext) -> None:
+    def round(self, ctx: WorkloadContext, protocol: int = 2, wait_packs: bool = True) -> None:
         rng = self.rng
         if not self.clients or (len(self.clients) < MAX_POOL and rng.random() < 0.3):
             self.new_client()
@@ -129,9 +139,16 @@ class _World:
         if not self.clients:
             return
         client = rng.choice(self.clients)
-        with Wire(ctx, self.t) as w:
-            r = gitclient.fetch(client, self.url, ["+refs/*:refs/*"], prune=True)
+        if wait_packs:
+            settle = wait_target_packs(ctx, self.t, quiet=0.0)
+            if settle:
+                self.waits.append(settle["packs_wait_ms"])
+        with Wire(ctx, self.t) as w, PlanLog(self.t) as plan:
+            r = gitclient.fetch(client, self.url, ["+refs/*:refs/*"], prune=True, protocol=protocol)
         self.n["fetches"] += 1
+        self.by_protocol[protocol] = self.by_protocol.get(protocol, 0) + 1
+        if r.ok:
+            self.plans.add(plan.metrics())
         if not r.ok:
             self.n["failures"] += 1
             self.error = r.stderr_tail[-300:]
@@ -149,24 +166,49 @@ class _World:
             self.error = v.detail if v else ls.stderr_tail[-300:]
 
 
+def parse_protocols(value) -> list[int]:
+    """params protocols: "0,2", "2", 0, [0, 2] -> the protocol versions fetches take in turn."""
+    if isinstance(value, int):
+        items = [value]
+    elif isinstance(value, str):
+        items = [x.strip().lstrip("v") for x in value.replace(";", ",").split(",") if x.strip()]
+    else:
+        items = list(value)
+    out = [int(x) for x in items]
+    if not out or any(p not in (0, 1, 2) for p in out):
+        raise ValueError(f"random-fetch: protocols {value!r}: expected versions among 0, 1, 2 (e.g. \"0,2\")")
+    return out
+
+
 @register("random-fetch")
 def random_fetch(ctx: WorkloadContext) -> list[Measurement]:
     """params fetches (default 200, quick 20) verified fetches per target, seeded
-    by params seed (default 1). Metrics: fetches, verified, failures, clones,
-    ops, total bytes / pack_bytes / exchange_bytes of the fetches, p50 wall."""
+    by params seed (default 1), alternating params protocols (default "0,2").
+    Metrics: fetches, fetches_vP per protocol, verified, failures, clones, ops,
+    total bytes / pack_bytes / exchange_bytes of the fetches, p50 wall; for Aspen
+    targets the plan trace: plan_share, planned, fallback, fallbacks (why=count),
+    planning_us and visits medians (and maxima), extents; packs_wait_ms."""
     fetches = int(ctx.param("fetches", 200, quick=20))
     seed = int(ctx.param("seed", 1))
+    protocols = parse_protocols(ctx.param("protocols", "0,2"))
+    wait = str(ctx.param("wait_packs", 1)).lower() not in ("0", "false", "no", "")
     worlds = {t.name: _World(ctx, t, seed) for t in ctx.targets}
     for i in range(fetches):
         for t in ordered(ctx, i):
-            worlds[t.name].round(ctx)
+            worlds[t.name].round(ctx, protocols[i % len(protocols)], wait)
         report(ctx, i + 1, fetches, "random-fetch")
     out = []
+    label = ",".join(str(p) for p in protocols)
     for t in ctx.targets:
         w = worlds[t.name]
         m = {**w.n, **w.bytes}
+        m.update({f"fetches_v{p}": c for p, c in sorted(w.by_protocol.items())})
         if w.walls:
             m["wall_p50_ms"] = stats.median(w.walls)
-        out.append(Measurement("random-fetch", t.name, {"fetches": fetches, "seed": seed}, m, w.walls, w.error))
+        if w.waits:
+            m["packs_wait_ms"] = stats.median(w.waits)
+        m.update({k: v for k, v in w.plans.summary().items() if not k.startswith("fetches_v")})
+        out.append(Measurement("random-fetch", t.name, {"fetches": fetches, "seed": seed, "protocols": label}, m,
+                               w.walls, w.error))
         rmtree(w.dir)
     return out

@@ -35,10 +35,12 @@ def repo_dir(ctx: WorkloadContext, t: TargetInfo) -> Optional[Path]:
 
 class Probe:
     """An open ref store of one target's repository (`with Probe(path) as p:`);
-    `p.store` is None when the repository has no store (not served by Aspen)."""
+    `p.store` is None when the repository has no store (not served by Aspen).
+    SYNC=False reads the store as the server left it (no write from the bench)."""
 
-    def __init__(self, gitdir: Path):
+    def __init__(self, gitdir: Path, sync: bool = True):
         self.gitdir = str(gitdir)
+        self.sync = sync
         self.store = None
 
     def __enter__(self) -> "Probe":
@@ -46,7 +48,7 @@ class Probe:
         env = dict(os.environ)
         if os.path.exists(os.path.join(state_dir(self.gitdir, env), "aspen.sqlite3")):
             self.store = RefStore.open(self.gitdir, env, create=False)
-            if self.store is not None:
+            if self.store is not None and self.sync:
                 self.store.sync()
         return self
 
@@ -56,6 +58,8 @@ class Probe:
         from aspen_cgi.refstore import store as store_mod   # drop the cached per-thread connection
         conns = getattr(store_mod._local, "conns", None) or {}
         conn = conns.pop(self.store.path, None)
+        if isinstance(conn, tuple):       # (connection, file id) in newer stores
+            conn = conn[0]
         if conn is not None:
             try:
                 conn.close()
@@ -100,3 +104,132 @@ def stale_branch_figures(store, n: int, branch_ref: str, branch_sha: str, base_s
     if not any(r == TRUNK and v <= j for v, r in tips.tips):
         problems.append(f"store: tips({base_sha[:12]}) has no {TRUNK} version <= {j}: {tips.tips}")
     return m, "; ".join(problems)
+
+
+# ---------------------------------------------------------------- version packs built?
+
+def packs_dir(gitdir: Path) -> Path:
+    """Where Aspen keeps GITDIR's version (and segment) packs."""
+    from aspen_cgi.refstore.store import state_dir
+    return Path(state_dir(str(gitdir), dict(os.environ))) / "packs"
+
+
+def _builder_running(pdir: Path) -> bool:
+    """Is a live builder holding any lock in the packs directory (`.build.lock`
+    of the version packs, `.segments.lock` of the compaction, any other
+    `*.lock`)? A lock whose holder is dead does not count (the next builder
+    takes it over); without Aspen's owner check, a lock file counts."""
+    try:
+        locks = [p for p in pdir.iterdir() if p.name.endswith(".lock")]
+    except OSError:
+        return False
+    try:
+        from aspen_cgi.refstore.owners import owner_alive
+    except Exception:
+        return bool(locks)
+    for lock in locks:
+        try:
+            holder = lock.read_text().strip()
+            fresh = time.time() - lock.stat().st_mtime < 5.0
+        except OSError:
+            continue                # removed meanwhile
+        if owner_alive(holder) if holder else fresh:     # an empty lock is being written
+            return True
+    return False
+
+
+def _pending_packs(gitdir: Path) -> Optional[int]:
+    """Versions still without a pack, plus the segment packs (compaction) the
+    store's schedule still asks for when the store has them; None without a store."""
+    with Probe(gitdir, sync=False) as p:
+        st = p.store
+        if st is None:
+            return None
+        try:
+            from aspen_cgi.refstore import db
+            pending = len(db.versions_without_pack(st.conn, 1 << 30))
+        except Exception:
+            pending = 0 if st.all_packs_built() else 1
+        todo = getattr(st, "segments_to_build", None)
+        if callable(todo):
+            try:
+                pending += len(todo())
+            except Exception:
+                pass
+        return pending
+
+
+def _segment_packs(gitdir: Path) -> Optional[int]:
+    with Probe(gitdir, sync=False) as p:
+        fn = getattr(p.store, "segment_packs", None) if p.store is not None else None
+        try:
+            return len(fn()) if callable(fn) else None
+        except Exception:
+            return None
+
+
+def _listing(pdir: Path) -> tuple:
+    try:
+        return tuple(sorted((p.name, p.stat().st_size) for p in pdir.iterdir() if p.is_file()))
+    except OSError:
+        return ()
+
+
+def packs_figures(gitdir: Path) -> dict:
+    """pack_files (*.pack) and packs_bytes (their size) in GITDIR's packs directory,
+    and segment_packs (the store's segment packs) when the store keeps them."""
+    packs = [(n, size) for n, size in _listing(packs_dir(gitdir)) if n.endswith(".pack")]
+    out = {"pack_files": len(packs), "packs_bytes": sum(size for _, size in packs)}
+    segs = _segment_packs(gitdir)
+    if segs is not None:
+        out["segment_packs"] = segs
+    return out
+
+
+def wait_packs(gitdir: Path, timeout: float = 600.0, poll: float = 0.05, quiet: float = 0.3) -> dict:
+    """Wait until GITDIR's packs are all built: no live builder holding a lock
+    in the packs directory (version packs or compaction), no version without
+    its pack, no segment pack the store's schedule still asks for, and the
+    directory unchanged for QUIET seconds (a builder between two locks).
+    Returns packs_wait_ms, packs_settled (False on timeout or without a store),
+    packs_pending (at the end; -1 when unknown), pack_files, packs_bytes and
+    segment_packs."""
+    pdir = packs_dir(gitdir)
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    last, since, pending = None, t0, None
+    settled = False
+    while True:
+        now = time.monotonic()
+        listing = _listing(pdir)
+        if listing != last:
+            last, since = listing, now
+        busy = _builder_running(pdir)
+        if not busy:
+            try:
+                pending = _pending_packs(Path(gitdir))
+            except Exception:       # the store busy or changing under us: look again
+                pending = -2
+            if pending is None:     # no store at all: nothing will be built
+                break
+        if not busy and pending == 0 and now - since >= quiet:
+            settled = True
+            break
+        if now > deadline:
+            break
+        time.sleep(poll if busy or pending else min(poll, quiet / 3))
+    return {"packs_wait_ms": round((time.monotonic() - t0) * 1000, 1), "packs_settled": settled,
+            "packs_pending": pending if pending is not None and pending >= 0 else -1, **packs_figures(Path(gitdir))}
+
+
+def wait_target_packs(ctx: WorkloadContext, t: TargetInfo, timeout: Optional[float] = None,
+                      quiet: float = 0.3) -> dict:
+    """wait_packs on T's repository when T builds version packs (aspen-packs); {} otherwise.
+    The bound is params packs_timeout (default 600 s) unless TIMEOUT is given."""
+    if not getattr(t, "version_packs", False):
+        return {}
+    gitdir = repo_dir(ctx, t)
+    if gitdir is None:
+        return {}
+    return wait_packs(gitdir, float(timeout if timeout is not None else ctx.param("packs_timeout", 600)),
+                      quiet=quiet)

@@ -11,6 +11,7 @@ from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
 from .common import (ServerUsage, Wire, copy_client, first_failure, ordered, quiet_repo, report, repo_url,
                      rmtree, run_jobs)
+from .storeprobe import wait_target_packs
 
 
 def _storm(ctx: WorkloadContext, name: str, t: TargetInfo, jobs: list, k: int, pool: int, rep: int,
@@ -50,7 +51,8 @@ def storm_depth1(ctx: WorkloadContext) -> list[Measurement]:
 def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
     """K clients one push behind (one clone, copied K times with hard-linked
     objects) fetch the one new commit at once. The pushed commit is the same on
-    every target."""
+    every target; a target that builds version packs is first left to build the
+    push's pack (not timed: packs_wait_ms)."""
     k, pool, reps = _sizes(ctx)
     out = []
     for rep in range(reps):
@@ -70,6 +72,7 @@ def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
             p = gitclient.push(pusher, url, sha or "HEAD", "refs/heads/main")
             if not (sha and p.ok):
                 raise RuntimeError(f"storm-warm: cannot push to {t.name}: {p.stderr_tail}")
+            settle = wait_target_packs(ctx, t, quiet=0.05)     # aspen-packs: the push's pack, not timed
 
             def job(i: int) -> gitclient.ClientResult:
                 r = gitclient.fetch(d / f"c{i}", url, ["+refs/heads/main:refs/remotes/origin/main"])
@@ -77,6 +80,7 @@ def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
                     return gitclient.ClientResult(False, r.wall_ms, "fetched tip differs", r.stdout)
                 return r
             jobs = [lambda i=i: job(i) for i in range(k)]
-            out.append(_storm(ctx, "storm-warm", t, jobs, k, pool, rep, {}))
+            out.append(_storm(ctx, "storm-warm", t, jobs, k, pool, rep,
+                              {"packs_wait_ms": settle["packs_wait_ms"]} if settle else {}))
             rmtree(d)
     return out
