@@ -93,31 +93,40 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 def _cmd_import(args: argparse.Namespace) -> int:
     store = _open(args.repo)
-    from .packs.background import BuildLock
+    from .packs import background
     from .packs.versionpack import DeltaSearch
     from .progress import Bar
-    lock = BuildLock(store.packs_dir)
-    if not lock.acquire():
+    quiet = args.quiet
+    bars: dict[str, Bar] = {}
+
+    def bar(label: str):
+        def update(done: int, total: int, what: str) -> None:
+            if label not in bars:
+                for other in bars.values():
+                    other.finish()
+                bars[label] = Bar(label, enabled=not quiet)
+            bars[label].update(done, total, what)
+        return update
+    t0 = time.monotonic()
+    search = DeltaSearch(args.window, args.depth, args.compression, reuse_deltas=args.reuse_deltas)
+    rep = background.build(store, search, on_version=bar("building version packs"),
+                           on_segment=bar("building segment packs"))
+    for b in bars.values():
+        b.finish()
+    if rep.busy and not rep.versions and not rep.segments:
         if args.wait_lock:
-            return 0            # the running builder loops until every version has its pack
-        raise SystemExit(f"aspen: another builder is running for {args.repo} ({lock.path})")
-    try:
-        bar = Bar("building version packs", enabled=not args.quiet)
-        built = []
-        while True:     # pushes may land while packs are built
-            batch = store.build_packs(DeltaSearch(args.window, args.depth, args.compression),
-                                      progress=lambda done, total, v: bar.update(done, total, f"version {v}"))
-            built += batch
-            store.sync()
-            if not batch or store.all_packs_built():
-                break
-        bar.finish()
-    finally:
-        lock.release()
-    objects = sum(p.objects for _, p in built if p)
-    size = sum(p.size for _, p in built if p)
-    print(f"imported: {store.latest()} versions; {len(built)} version packs built now "
-          f"({objects} objects, {size} bytes) in {store.packs_dir}")
+            return 0            # the running builder loops until every pack is built
+        raise SystemExit(f"aspen: another builder is running for {args.repo} ({rep.busy})")
+    objects = sum(p.objects for _, p in rep.versions if p)
+    size = sum(p.size for _, p in rep.versions if p)
+    seg_objects = sum(p.objects for _, p in rep.segments if p)
+    seg_size = sum(p.size for _, p in rep.segments if p)
+    print(f"imported: {store.latest()} versions; {len(rep.versions)} version packs built now "
+          f"({objects} objects, {size} bytes) in {store.packs_dir}; {len(rep.segments)} segment packs built now "
+          f"({seg_objects} objects, {seg_size} bytes), {len(rep.pruned)} removed, "
+          f"{len(store.segment_packs())} kept; {time.monotonic() - t0:.1f} s")
+    if rep.busy:
+        print(f"left to the builder running ({rep.busy})")
     return 0
 
 
@@ -191,12 +200,16 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Bring the ref store up to the refs on disk (recording the repository as "
                                      "version 1 on first use), then build every version pack not built yet: the "
                                      "import version's pack holds the whole repository, each later version's is "
-                                     "the thin pack of what it introduced. Packs are built once with a wide delta "
-                                     "search, so this can take minutes on a large repository.")
+                                     "the thin pack of what it introduced. Then compact: build the segment packs "
+                                     "(runs of versions 2..N on a binary schedule) a full clone is spliced from, "
+                                     "and remove those a larger one replaced. Packs are built once with a wide "
+                                     "delta search, so this can take minutes on a large repository.")
     imp.add_argument("repo", help="path of the repository")
     imp.add_argument("--window", type=int, default=250, help="delta search window (default 250)")
     imp.add_argument("--depth", type=int, default=50, help="maximum delta chain depth (default 50)")
     imp.add_argument("--compression", type=int, default=9, help="zlib level 0-9 (default 9)")
+    imp.add_argument("--reuse-deltas", action="store_true",
+                     help="reuse the deltas of the repository's packs instead of searching every object afresh")
     imp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     imp.add_argument("--wait-lock", action="store_true",
                      help="exit quietly when another builder is running (what pushes start)")

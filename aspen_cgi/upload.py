@@ -1,10 +1,12 @@
 """The upload-pack service: Aspen writes the advertisements and ls-refs itself,
-parses every fetch into a FetchRequest, and hands the response to a
-responder. Today the responder is git's own upload-pack (exact stock
-semantics); the planner plugs in at `respond()`."""
+parses every fetch into a FetchRequest, and answers it from stored version
+packs when the planner proves a plan (protocol v2, and v0/v1 rounds whose
+haves are all known tips); every other request goes to git's own
+upload-pack as it came (exact stock semantics), the trace saying why."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from typing import Iterable, Iterator, Optional
@@ -136,50 +138,108 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
 
 
 def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
-    """Today: protocol v2 fetches without want-ref, packfile-uris or
-    wait-for-done; a plan proved from the first round's haves ends the
-    negotiation there (`ready`). Everything else, and every plan the store
-    cannot prove, is git's (the trace says why)."""
-    why = req.needs_fallback_reason
-    if why is None:
-        if ctx.protocol_version != 2:
-            why = "v0-responder-pending"
-        elif req.want_refs or req.packfile_uris or req.wait_for_done:
-            why = "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
+    """Aspen's answer, or None for git's. v2: fetches without want-ref,
+    packfile-uris or wait-for-done; a plan proved from the first round's
+    haves ends the negotiation there (`ready`). v0/v1: one stateless round
+    whose haves are all version tips (see `_v0_reason`). Everything else,
+    and every plan the store cannot prove, is git's (the trace says why)."""
+    ctx.trace["protocol"] = ctx.protocol_version
+    why = _request_reason(ctx, req)
     store = ctx.refstore() if why is None else None
     if why is None:
-        if store is None:
-            why = "no-store"
-        elif not store.all_packs_built():
-            why = "not-built"          # before any work over the refs: the common case without version packs
-    ctx.trace["protocol"] = ctx.protocol_version
+        # before any work over the refs: the common case without version packs
+        why = "no-store" if store is None else None if store.all_packs_built() else "not-built"
     if why is not None:
-        ctx.trace.update(plan="fallback", why=why)
-        return None
-    from .packs.packfile import PackError
-    from .planner.plan import Fallback, plan
+        return _fallback(ctx, why)
+    from .planner.plan import Fallback
     from .refstore.history import StoreHistory
+    history = StoreHistory(store)
+    if ctx.protocol_version != 2 and not all(history.tips(h).tips for h in set(req.haves)):
+        return _fallback(ctx, "unknown-have")
+    result = _plan(ctx, req, history)
+    if isinstance(result, Fallback):
+        return _fallback(ctx, result.reason)
+    splice = _prepare(ctx, store, result)
+    if splice is None:
+        return None
+    ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
     from . import responder
+    if ctx.protocol_version == 2:
+        return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"),
+                                     ready=not req.done)
+    return _v0_response(ctx, req, splice, result)
+
+
+def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
+    why = req.needs_fallback_reason
+    if why is not None:
+        return why
+    if ctx.protocol_version != 2:
+        return _v0_reason(req)
+    if req.want_refs or req.packfile_uris or req.wait_for_done:
+        return "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
+    return None
+
+
+def _v0_reason(req: FetchRequest) -> Optional[str]:
+    """Aspen answers one stateless round: haves then `done`, or haves then a
+    flush answered `ready` (multi_ack_detailed, the only mode whose ACKs
+    Aspen writes; a clone without haves needs none)."""
+    if req.rounds != 1:
+        return "rounds"
+    if req.later_capabilities:
+        return "later-capabilities"
+    if req.haves and not req.has_capability("multi_ack_detailed"):
+        return "no-multi-ack-detailed"
+    if not req.haves and not req.done:
+        return "empty-round"
+    return None
+
+
+def _fallback(ctx, why: str) -> None:
+    ctx.trace.update(plan="fallback", why=why)
+    return None
+
+
+def _plan(ctx, req: FetchRequest, history):
+    from .planner.plan import plan
     snap, hidden = _snapshot(ctx), _hidden(ctx)
     visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
     advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
     tags = frozenset(r.oid for r in visible if r.name.startswith("refs/tags/"))
     t0 = time.perf_counter()
-    result = plan(req, StoreHistory(store), advertised, tags)
+    result = plan(req, history, advertised, tags)
     micros = (time.perf_counter() - t0) * 1e6
     ctx.trace.update(plan_us=round(micros), visits=f"{result.versions_visited}+{result.segments_visited}",
                      versions_visited=result.versions_visited, segments_visited=result.segments_visited)
-    if isinstance(result, Fallback):
-        ctx.trace.update(plan="fallback", why=result.reason)
-        return None
+    return result
+
+
+def _prepare(ctx, store, result):
+    """The plan's packs opened and checked, or None (git answers) when they are unusable."""
+    from .packs.packfile import PackError
+    from . import responder
     try:
-        splice = responder.prepare(store.packs_dir, result)
+        return responder.prepare(store.packs_dir, result)
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored packs unusable ({e}); git answers\n")
-        ctx.trace.update(plan="fallback", why="pack-error")
-        return None
-    ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
-    return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"), ready=not req.done)
+        return _fallback(ctx, "pack-error")
+
+
+def _v0_response(ctx, req: FetchRequest, splice, result) -> Iterator[bytes]:
+    """The ACK/NAK lines of the round, then the pack unless the round ended
+    `ready` without no-done (the client says `done` next and is planned again)."""
+    from . import responder
+    acks, pack_follows = responder.v0_acks(req.haves, req.done, req.has_capability("no-done"))
+    ctx.trace["why"] = "done" if req.done else "no-done" if pack_follows else "ready"
+    if not pack_follows:
+        splice.close()
+        ctx.trace["objects"] = 0
+        return iter([acks])
+    sideband = (responder.BAND_DATA if req.has_capability("side-band-64k")
+                else responder.SIDEBAND_DATA if req.has_capability("side-band") else 0)
+    pack = responder.v0_pack(splice, result, sideband, progress=not req.has_capability("no-progress"))
+    return itertools.chain([acks], pack)
 
 
 def serve(ctx, data: bytes) -> Iterable[bytes]:

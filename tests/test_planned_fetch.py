@@ -72,7 +72,7 @@ def test_v2_clone_is_planned_and_equals_stock(pushed, cgi_server_factory, tmp_pa
     assert _objects(other) == _objects(client)
 
 
-def test_unbuilt_pushes_and_v0_go_to_git(pushed, tmp_path):
+def test_unbuilt_pushes_go_to_git_in_v0_and_v2(pushed, tmp_path):
     server, repo, work = pushed
     _import(repo)
     pk.commit(work, "after the import")
@@ -85,7 +85,7 @@ def test_unbuilt_pushes_and_v0_go_to_git(pushed, tmp_path):
     b = tmp_path / "b.git"
     _clone(server.url + "/repo.git", b, 0)
     assert h.refs_of(str(b)) == h.refs_of(str(repo))
-    assert "why=v0-responder-pending" in _plans(server)[-1]
+    assert "plan=fallback why=not-built" in _plans(server)[-1]
     _import(repo)
     c = tmp_path / "c.git"
     _clone(server.url + "/repo.git", c, 2)

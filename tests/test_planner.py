@@ -158,3 +158,129 @@ def test_stale_branch_is_its_own_pack_and_a_log_n_proof(root, server, tmp_path):
     assert len(p.versions) == 1
     assert p.segments_visited + p.versions_visited <= 2 * 5 + 4 + 4   # log2(22) < 5; tips lookups add a few
     _complete(client, store, p, {"refs/heads/stale": refs["refs/heads/stale"]})
+
+
+# -- full clones from segment packs -----------------------------------------------------------
+
+def test_cover_takes_the_longest_built_run_at_each_step():
+    from aspen_cgi.planner.plan import cover
+    assert cover(2, 1, []) == []
+    assert cover(2, 4, []) == [(2, 2), (3, 3), (4, 4)]
+    assert cover(2, 9, [(2, 9)]) == [(2, 9)]
+    assert cover(2, 12, [(2, 9), (10, 11)]) == [(2, 9), (10, 11), (12, 12)]
+    # nested runs (a larger one built, the smaller not pruned yet): the larger wins
+    assert cover(2, 12, [(2, 3), (2, 5), (2, 9), (6, 7)]) == [(2, 9), (10, 10), (11, 11), (12, 12)]
+    # a run ending past the clone's version is not used
+    assert cover(2, 8, [(2, 9), (2, 5), (6, 7)]) == [(2, 5), (6, 7), (8, 8)]
+    # runs need not be aligned to be used
+    assert cover(2, 7, [(3, 6)]) == [(2, 2), (3, 6), (7, 7)]
+
+
+def test_segment_schedule_is_a_binary_counter_over_the_versions_after_the_import():
+    import math
+
+    from aspen_cgi.packs.segmentpack import schedule
+    assert schedule(1) == schedule(2) == []
+    assert schedule(3) == [(2, 3)]
+    assert schedule(9) == [(2, 9)]
+    assert schedule(12) == [(2, 9), (10, 11)]
+    for n in range(2, 300):
+        runs = schedule(n)
+        singles = bin(n - 1).count("1") - len(runs)
+        assert 1 + len(runs) + singles <= math.ceil(math.log2(n)) + 2
+        spans = [(lo, hi) for lo, hi in runs]
+        assert all(hi - lo + 1 >= 2 and (hi - lo + 1) & (hi - lo) == 0 for lo, hi in spans)
+        assert all((lo - 2) % (hi - lo + 1) == 0 for lo, hi in spans)          # aligned from version 2
+
+
+class _FakeHistory:
+    """Only what the clone plan asks: the view and the version packs."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def clone_view(self):
+        return self.view
+
+    def pack_of(self, version):
+        return (f"{version:040x}", (), ("refs/heads/main",))
+
+    def all_packs_built(self):
+        return True
+
+    def tips(self, commit):
+        from aspen_cgi.refstore.model import TipAnswer, Visits
+        return TipAnswer(commit, (), Visits(1, 0))
+
+    def introduced_by(self, commit):
+        return []
+
+    def is_ancestor(self, ref, j, k):
+        raise AssertionError("a clone proves nothing")
+
+
+def test_a_clone_of_every_ref_is_the_import_pack_then_the_runs():
+    from aspen_cgi.refstore.model import CloneView, SegmentPack
+    a, b, t, peeled = "a" * 40, "b" * 40, "c" * 40, "d" * 40
+    view = CloneView(12, frozenset({a, b, t}), frozenset({peeled}),
+                     (SegmentPack(2, 9, "9" * 40), SegmentPack(10, 11, "")))
+    hist = _FakeHistory(view)
+    adv = frozenset({a, b, t, peeled})
+    p = plan(FetchRequest(version=2, wants=[a, b, t], capabilities=["ofs-delta"]), hist, adv)
+    assert isinstance(p, Plan)
+    assert p.packs == (f"{1:040x}", "9" * 40, f"{12:040x}")        # the empty run 10-11 is skipped
+    assert p.spans == ((1, 1), (2, 9), (12, 12))
+    assert p.thin == (False, False, False)           # every delta base comes from an earlier extent
+    assert (p.versions_visited, p.segments_visited) == (2, 2)
+    # a client that does not want every ref, or wants what is no ref value now: the version walk
+    assert plan(FetchRequest(version=2, wants=[a, b], capabilities=["ofs-delta"]), hist, adv).reason == \
+        "want-not-a-tip"
+    assert plan(FetchRequest(version=2, wants=[a, b, t, peeled, "e" * 40], capabilities=["ofs-delta"]), hist,
+                adv | {"e" * 40}).reason == "want-not-a-tip"
+    assert isinstance(plan(FetchRequest(version=2, wants=[a, b, t, peeled], capabilities=["ofs-delta"]), hist, adv),
+                      Plan)
+    hist.view = None            # a version without its pack, or pending
+    assert plan(FetchRequest(version=2, wants=[a, b, t], capabilities=["ofs-delta"]), hist, adv).reason == \
+        "want-not-a-tip"
+
+
+def test_full_clone_from_segment_packs_completes_an_empty_client(root, server, tmp_path):
+    from aspen_cgi.packs import background
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    for i in range(9):
+        (work / "a.txt").write_text("".join(f"{i} {n}\n" for n in range(100 + 40 * i)))
+        pk.commit(work, f"c{i}")
+        if i == 3:
+            h.git("push", "-q", "origin", "HEAD:refs/heads/side", cwd=str(work))
+        if i == 6:
+            h.git("push", "-q", "origin", ":refs/heads/side", cwd=str(work))
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store = _store(repo)
+    rep = background.build(store)
+    assert rep.segments and not rep.busy
+    refs = h.refs_of(str(repo))
+    req = FetchRequest(version=2, wants=sorted(set(refs.values())), capabilities=["thin-pack", "ofs-delta"])
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Plan)
+    runs = {(s.lo, s.hi) for s in store.segment_packs()}
+    assert p.spans[0] == (1, 1) and set(p.spans[1:]) & runs
+    assert len(p.packs) <= 1 + len(runs) + 1
+    client = tmp_path / "empty.git"
+    h.git("init", "-q", "--bare", str(client))
+    _complete(client, store, p, refs)
+    # pushes after the compaction: their version packs follow the runs
+    for i in range(3):
+        pk.commit(work, f"after{i}")
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store.sync()
+    store.build_packs()
+    refs = h.refs_of(str(repo))
+    req = FetchRequest(version=2, wants=sorted(set(refs.values())), capabilities=["thin-pack", "ofs-delta"])
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Plan)
+    assert p.spans[-3:] == tuple((v, v) for v in range(store.latest() - 2, store.latest() + 1))
+    again = tmp_path / "again.git"
+    h.git("init", "-q", "--bare", str(again))
+    _complete(again, store, p, refs)

@@ -1,8 +1,14 @@
-"""Version packs built after pushes, off the response path: a push that
-landed starts one detached `aspen import -q REPO` when none is running for
-the repository (a lock file names the builder; a dead builder's lock is
-taken over). The builder loops until every version has its pack. Long-lived servers
-(gunicorn, mod_wsgi) build in a thread of the worker instead.
+"""Version and segment packs built after pushes, off the response path: a
+push that landed starts one detached `aspen import -q REPO` when none is
+running for the repository (a lock file names the builder; a dead builder's
+lock is taken over). Long-lived servers (gunicorn, mod_wsgi) build in a
+thread of the worker instead.
+
+`build()` is the builder: every version pack first (planned fetches wait for
+them), then the segment packs the schedule asks for, one run at a time,
+under a second lock, so that a long compaction never holds back the next
+push's version pack: a builder started meanwhile builds that and leaves the
+segments to the one compacting, which looks again before it stops.
 
 Opt-in for now (ASPEN_VERSION_PACKS=auto) until its cost under push load is
 measured; `aspen import REPO` builds the same packs by hand."""
@@ -12,13 +18,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
 
 from .. import gitexec
 from ..refstore.owners import owner_alive, owner_id
 
 ENV = "ASPEN_VERSION_PACKS"
-LOCK = ".build.lock"
+LOCK = ".build.lock"              # the version-pack builder's
+SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -41,8 +49,8 @@ class BuildLock:
     """Held by the one builder of a repository's packs; False from acquire()
     when a live builder has it."""
 
-    def __init__(self, packs_dir: str):
-        self.path = os.path.join(packs_dir, LOCK)
+    def __init__(self, packs_dir: str, name: str = LOCK):
+        self.path = os.path.join(packs_dir, name)
         self.held = False
 
     def acquire(self) -> bool:
@@ -91,20 +99,68 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     return True
 
 
+@dataclass
+class BuildReport:
+    versions: list = field(default_factory=list)     # (version, BuiltPack or None)
+    segments: list = field(default_factory=list)     # ((lo, hi), BuiltPack or None)
+    pruned: list = field(default_factory=list)       # (lo, hi) of segment packs removed
+    busy: Optional[str] = None                       # the lock another builder held, when we left it to them
+
+
+Progress = Callable[[int, int, str], None]
+
+
+def build(store, search=None, on_version: Optional[Progress] = None,
+          on_segment: Optional[Progress] = None) -> BuildReport:
+    """Build every missing version pack, then every missing segment pack, of STORE's repository."""
+    from .versionpack import DeltaSearch
+    search = search or DeltaSearch()
+    rep = BuildReport()
+    done_segments = 0
+    while True:
+        vlock = BuildLock(store.packs_dir)
+        if not vlock.acquire():
+            rep.busy = vlock.path
+            return rep
+        try:
+            while True:      # pushes may land while packs are built
+                store.sync()
+                batch = store.build_packs(search, progress=lambda done, total, v: on_version and on_version(
+                    done, total, f"version {v}"))
+                rep.versions += batch
+                if not batch:
+                    break
+        finally:
+            vlock.release()
+        slock = BuildLock(store.packs_dir, SEGMENT_LOCK)
+        if not slock.acquire():
+            rep.busy = slock.path
+            return rep
+        try:
+            todo = store.segments_to_build()
+            if todo:
+                lo, hi = todo[0]
+                if on_segment:
+                    on_segment(done_segments, done_segments + len(todo), f"versions {lo}-{hi}")
+                rep.segments.append(((lo, hi), store.build_segment(lo, hi, search)))
+                done_segments += 1
+            rep.pruned += store.prune_segments()
+            if not todo:
+                store.sweep_packs()
+        finally:
+            slock.release()
+        if not todo and store.all_packs_built() and not store.segments_to_build():
+            if on_segment:
+                on_segment(done_segments, done_segments, "")
+            return rep
+
+
 def _build(gitdir: str, env: Mapping[str, str]) -> None:
     from ..refstore.store import RefStore
     store = RefStore.open(gitdir, env)
     if store is None:
         return
-    lock = BuildLock(store.packs_dir)
-    if not lock.acquire():
-        return
     try:
-        while True:
-            store.sync()
-            if not store.build_packs():
-                break
+        build(store)
     except Exception as e:  # noqa: BLE001  (a failed build leaves the version to git; say why)
-        sys.stderr.write(f"aspen: building version packs for {gitdir} failed: {e}\n")
-    finally:
-        lock.release()
+        sys.stderr.write(f"aspen: building packs for {gitdir} failed: {e}\n")

@@ -14,15 +14,32 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .. import gitexec
+from ..refstore.owners import owner_alive, owner_id
+
+
+SCRATCH_PREFIX = "build-"
 
 
 class BuildError(Exception):
     pass
+
+
+def scratch_owner() -> str:
+    """This process as a scratch directory names it ("PID.START"), see `owners`."""
+    return ".".join(owner_id().rsplit(":", 2)[1:])
+
+
+def scratch_owner_alive(dirname: str) -> bool:
+    """Whether the process that made scratch directory DIRNAME still runs."""
+    pid_start = dirname[len(SCRATCH_PREFIX):].split("-", 1)[0]
+    pid, _, start = pid_start.partition(".")
+    return owner_alive(f"{socket.gethostname()}:{pid}:{start}") if pid.isdigit() and start else False
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,7 @@ def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Se
           search: DeltaSearch = DeltaSearch()) -> BuiltPack:
     """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx."""
     os.makedirs(outdir, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="build-", dir=outdir)
+    scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{scratch_owner()}-", dir=outdir)
     try:
         thin = os.path.join(scratch, "thin.pack")
         stdin = "".join(f"{t}\n" for t in tips) + "".join(f"^{b}\n" for b in boundary)

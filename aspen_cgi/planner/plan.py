@@ -16,6 +16,12 @@ in the client's closure, proved by
 or else the version that holds c is needed too, recursively, down to the
 import version (whose pack is the whole repository then). A plan is made
 only when every version has its pack: anything unproved falls back.
+
+A full clone (no haves) of every ref value of the latest version N is the
+import pack, then segment packs and version packs partitioning versions
+2 … N (the longest built segment first, `cover()`): each extent holds what
+its versions' refs reach beyond the refs before them, with delta bases only
+in earlier extents, so the splice is complete in O(log N) extents.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 from ..protocol.requests import FetchRequest
-from ..refstore.model import AncestryAnswer, TipAnswer
+from ..refstore.model import AncestryAnswer, CloneView, TipAnswer
 
 
 class History(Protocol):
@@ -34,15 +40,27 @@ class History(Protocol):
     def pack_of(self, version: int) -> Optional[tuple[str, tuple[str, ...], tuple[str, ...]]]:
         """(pack name or "" when empty, boundary commits, refs it updated); None if not built."""
     def all_packs_built(self) -> bool: ...
+    def clone_view(self) -> Optional[CloneView]:
+        """The latest version's ref values and the segment packs built; None while a version has no pack."""
 
 
 @dataclass(frozen=True)
 class Plan:
-    versions: tuple[int, ...]          # ascending; each one's pack is an extent
-    packs: tuple[str, ...]             # pack names in the same order ("" for an empty version skipped)
+    """The extents of the response pack in stream order: per extent, the last
+    version it brings the client to, its pack name ("" when empty: skipped),
+    whether its deltas may take bases from the client's objects (in a clone
+    they all come from earlier extents), and its first version."""
+    versions: tuple[int, ...]
+    packs: tuple[str, ...]
     versions_visited: int
     segments_visited: int
     proofs: tuple[str, ...] = ()
+    thin: tuple[bool, ...] = ()
+    firsts: tuple[int, ...] = ()
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        return tuple(zip(self.firsts or self.versions, self.versions))
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,10 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
     if not history.all_packs_built():
         return Fallback("not-built")
     count = _Count()
+    if not req.haves:
+        whole = _clone(req, history, count)
+        if whole is not None:
+            return whole
     haves = set(req.haves)
     have_tips: dict[str, list[int]] = {}            # ref -> versions at which a have became its value
     for h in haves:
@@ -127,7 +149,57 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
     for v in order:
         info = history.pack_of(v)
         packs.append(info[0] if info else "")
-    return Plan(order, tuple(packs), count.versions, count.segments, tuple(count.proofs))
+    return Plan(order, tuple(packs), count.versions, count.segments, tuple(count.proofs),
+                tuple(v != 1 for v in order), order)
+
+
+def cover(first: int, last: int, runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Versions FIRST … LAST partitioned into RUNS (built segment packs) and
+    single versions, taking at each step the longest run that starts there
+    and ends by LAST."""
+    longest: dict[int, int] = {}
+    for lo, hi in runs:
+        if first <= lo and hi <= last and hi > longest.get(lo, lo):
+            longest[lo] = hi
+    out = []
+    v = first
+    while v <= last:
+        hi = longest.get(v, v)
+        out.append((v, hi))
+        v = hi + 1
+    return out
+
+
+def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]:
+    """The whole repository at the latest version, when the client wants every
+    ref value of it (nothing hidden, no namespace, no ref left out is sent)
+    and nothing else; None leaves the request to the version walk."""
+    view = history.clone_view()
+    if view is None:
+        return None
+    wants = set(req.wants)
+    if not wants <= view.values | view.peeled or not view.values <= wants:
+        return None
+    segments = {(s.lo, s.hi): s.name for s in view.segments}
+    spans = [(1, 1)] + cover(2, view.version, list(segments))
+    names, firsts, lasts = [], [], []
+    for lo, hi in spans:
+        if (lo, hi) in segments:
+            count.segments += 1
+            name = segments[(lo, hi)]
+        else:
+            count.versions += 1
+            info = history.pack_of(lo)
+            if info is None:
+                return None
+            name = info[0]
+        if name:
+            names.append(name)
+            firsts.append(lo)
+            lasts.append(hi)
+    count.proofs.append(f"clone of version {view.version}: {len(spans)} runs")
+    return Plan(tuple(lasts), tuple(names), count.versions, count.segments, tuple(count.proofs),
+                (False,) * len(names), tuple(firsts))
 
 
 def _in_closure(c: str, haves: set[str], have_tips: dict[str, list[int]], history: History, count: _Count) -> bool:

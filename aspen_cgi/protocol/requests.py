@@ -1,7 +1,7 @@
 """Upload-pack requests, v0/v1 and v2, parsed into typed objects.
 
-The planner (issue 5) reads a FetchRequest; until then it also documents
-what the git fallback is asked.
+The planner reads a FetchRequest; a request Aspen does not answer goes to
+git as it came.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class FetchRequest:
     sideband_all: bool = False
     server_options: list[str] = field(default_factory=list)
     agent: Optional[str] = None
+    rounds: int = 0                    # v0: have rounds ended by a flush or `done`, +1 for bytes after the last
+    later_capabilities: bool = False   # v0: a want after the first carried capabilities (stock reads them too)
 
     def has_capability(self, name: str) -> bool:
         return any(c == name or c.startswith(name + "=") for c in self.capabilities)
@@ -106,44 +108,64 @@ def _text(pkt: bytes) -> str:
 
 def parse_v0(data: bytes) -> FetchRequest:
     """want lines (capabilities on the first), shallow/deepen/filter, flush,
-    then have lines in flush-separated rounds, optionally `done`."""
+    then have lines in flush-separated rounds, optionally `done`. A stateless
+    request is one round: stock reads no further than its first flush or
+    `done`, so `rounds` tells a responder whether it saw what stock would,
+    and bytes after the first round are never an error (git gets them as
+    they came, and stock ignores them)."""
     req = FetchRequest(version=0)
-    stage = "wants"
-    for pkt, _ in parse(data):
-        if stage == "wants":
-            if pkt is FLUSH_PKT:
-                stage = "haves"
-                continue
-            if isinstance(pkt, Special):
-                raise ProtocolError(f"unexpected {pkt.kind} packet in want list")
-            line = _text(pkt)
-            if line.startswith("want "):
-                rest = line[5:]
-                oid, _, caps = rest.partition(" ")
-                req.wants.append(_oid(oid, "want"))
-                if caps and len(req.wants) == 1:
-                    req.capabilities = caps.split()
-                    for cap in req.capabilities:
-                        if cap.startswith("agent="):
-                            req.agent = cap[6:]
-            elif not _shallow_arg(req, line):
-                raise ProtocolError(f"git upload-pack: protocol error, expected to get object ID, not '{line[:80]}'")
-        else:
-            if pkt is FLUSH_PKT:
-                continue
-            if isinstance(pkt, Special):
-                raise ProtocolError(f"unexpected {pkt.kind} packet in have list")
-            line = _text(pkt)
-            if line.startswith("have "):
-                req.haves.append(_oid(line[5:].split(" ")[0], "have"))
-            elif line == "done":
-                req.done = True
-                stage = "done"
-            else:
-                raise ProtocolError(f"git upload-pack: expected SHA1 list, got '{line[:80]}'")
-    if stage == "wants" and req.wants:
-        raise ProtocolError("git upload-pack: request ended inside the want list")
+    open_round = False
+    packets = parse(data)
+    for pkt, _ in packets:
+        if pkt is FLUSH_PKT:
+            break
+        if isinstance(pkt, Special):
+            raise ProtocolError(f"unexpected {pkt.kind} packet in want list")
+        _want_section_line(req, _text(pkt))
+    else:
+        if req.wants:
+            raise ProtocolError("git upload-pack: request ended inside the want list")
+        return req
+    try:
+        for pkt, _ in packets:
+            open_round = _have_section_packet(req, pkt)
+    except ProtocolError:
+        if not req.rounds:
+            raise
+        open_round = True
+    req.rounds += open_round
     return req
+
+
+def _have_section_packet(req: FetchRequest, pkt: Packet) -> bool:
+    """Read one packet after the want list; True while a round is open."""
+    if pkt is FLUSH_PKT:
+        req.rounds += 1
+        return False
+    if isinstance(pkt, Special):
+        raise ProtocolError(f"unexpected {pkt.kind} packet in have list")
+    line = _text(pkt)
+    if line.startswith("have "):
+        req.haves.append(_oid(line[5:].split(" ")[0], "have"))
+        return True
+    if line == "done":
+        req.done = True
+        req.rounds += 1
+        return False
+    raise ProtocolError(f"git upload-pack: expected SHA1 list, got '{line[:80]}'")
+
+
+def _want_section_line(req: FetchRequest, line: str) -> None:
+    if line.startswith("want "):
+        oid, _, caps = line[5:].partition(" ")
+        req.wants.append(_oid(oid, "want"))
+        if caps and len(req.wants) == 1:
+            req.capabilities = caps.split()
+            req.agent = next((c[6:] for c in req.capabilities if c.startswith("agent=")), None)
+        elif caps:
+            req.later_capabilities = True
+    elif not _shallow_arg(req, line):
+        raise ProtocolError(f"git upload-pack: protocol error, expected to get object ID, not '{line[:80]}'")
 
 
 _FETCH_FLAGS = {"thin-pack", "no-progress", "include-tag", "ofs-delta"}

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 
 from .model import StoredRef, Update, Version
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_MS = 20000          # one wait for the write lock
 RETRY_SECONDS = 120.0    # total patience before a busy database becomes an error
 
@@ -67,7 +67,13 @@ def _m2(db) -> None:
     db["boundaries"].create({"version": int, "commit_oid": str}, pk=("version", "commit_oid"))
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2]
+def _m3(db) -> None:
+    """Segment packs (issue 5): one pack per compacted run of versions LO … HI."""
+    db["segment_packs"].create({"lo": int, "hi": int, "name": str, "objects": int, "size": int, "built_at": float,
+                                "window": int, "depth": int, "compression": int}, pk=("lo", "hi"))
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3]
 
 
 def _migrate(conn: Conn) -> None:
@@ -371,6 +377,36 @@ def version_pack(conn: Conn, version: int) -> Optional[tuple[str, int, int]]:
 def version_boundary(conn: Conn, version: int) -> list[str]:
     return [c for (c,) in conn.execute("SELECT commit_oid FROM boundaries WHERE version = ? ORDER BY commit_oid",
                                        (version,))]
+
+
+def packed_through(conn: Conn) -> int:
+    """The highest version V such that every version up to V is done and has its version pack."""
+    row = conn.execute("SELECT min(id) FROM versions WHERE state != 'done'"
+                       " OR id NOT IN (SELECT version FROM version_packs)").fetchone()
+    return latest_version(conn) if row[0] is None else row[0] - 1
+
+
+# -- segment packs ------------------------------------------------------------------------------
+
+def segment_packs(conn: Conn) -> list[tuple[int, int, str, int, int]]:
+    """(lo, hi, name, objects, size) of every recorded segment pack, by lo then hi."""
+    return list(conn.execute("SELECT lo, hi, name, objects, size FROM segment_packs ORDER BY lo, hi"))
+
+
+def record_segment_pack(conn: Conn, lo: int, hi: int, name: str, objects: int, size: int, at: float,
+                        window: int, depth: int, compression: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO segment_packs(lo, hi, name, objects, size, built_at, window, depth,"
+                 " compression) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (lo, hi, name, objects, size, at, window, depth, compression))
+
+
+def delete_segment_pack(conn: Conn, lo: int, hi: int) -> None:
+    conn.execute("DELETE FROM segment_packs WHERE lo = ? AND hi = ?", (lo, hi))
+
+
+def pack_names(conn: Conn) -> set[str]:
+    """Every pack name a version or segment row refers to."""
+    return {n for (n,) in conn.execute("SELECT name FROM version_packs UNION SELECT name FROM segment_packs") if n}
 
 
 def checkpoint(conn: Conn) -> None:

@@ -1,11 +1,12 @@
 """The ref store as the planner's `History`: tips, ancestry, what each
-version introduced, and its pack and boundary."""
+version introduced, its pack and boundary, and what a full clone is
+spliced from."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from .model import AncestryAnswer, TipAnswer
+from .model import AncestryAnswer, CloneView, TipAnswer
 from .store import RefStore
 
 
@@ -31,3 +32,6 @@ class StoreHistory:
 
     def all_packs_built(self) -> bool:
         return self.store.all_packs_built()
+
+    def clone_view(self) -> Optional[CloneView]:
+        return self.store.clone_view()

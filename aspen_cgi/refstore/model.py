@@ -112,3 +112,24 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+@dataclass(frozen=True)
+class SegmentPack:
+    """The stored pack of versions LO … HI: what their refs reach beyond the
+    refs before LO, thin against those ("" when that is nothing)."""
+    lo: int
+    hi: int
+    name: str
+    objects: int = 0
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class CloneView:
+    """What a full clone at VERSION can be planned from: the direct refs'
+    values then (and their peeled targets), and the segment packs built."""
+    version: int
+    values: frozenset[str]
+    peeled: frozenset[str]
+    segments: tuple[SegmentPack, ...]

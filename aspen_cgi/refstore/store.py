@@ -9,11 +9,15 @@
   version is committed to the store (pending), git renames the locks into
   place, and the version is marked done and compacted.
 - `is_ancestor()` and `tips()` are the planner's history questions.
+- `build_packs()` builds the version packs; `build_segment()` and
+  `prune_segments()` keep the segment packs a full clone is spliced from
+  (`clone_view()`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from typing import Callable, Iterator, Mapping, Optional, Sequence
@@ -21,8 +25,8 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 from .. import refs as refs_mod
 from . import db, diskrefs, fingerprint, segments, views
 from .owners import fault, owner_alive, owner_id
-from .model import (ZERO, AncestryAnswer, CompactReport, RefChange, StoredRef, TipAnswer, Version, VersionMeta,
-                    VerifyReport, Visits)
+from .model import (ZERO, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
+                    Version, VersionMeta, VerifyReport, Visits)
 
 STATE_DIR_ENV = "ASPEN_STATE_DIR"     # keep the store outside read-only repositories
 DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no store
@@ -440,6 +444,102 @@ class RefStore:
         """(name, objects, size) of VERSION's pack, and its boundary commits; None if not built."""
         row = db.version_pack(self.conn, version)
         return None if row is None else (row, db.version_boundary(self.conn, version))
+
+    # -- segment packs ---------------------------------------------------------------------------
+
+    def segments_to_build(self) -> list[tuple[int, int]]:
+        """The runs the schedule asks for over the versions packed so far, not built yet, in order."""
+        from ..packs import segmentpack as sp
+        with db.reading(self.conn) as conn:
+            through = db.packed_through(conn)
+            have = {(lo, hi) for lo, hi, *_ in db.segment_packs(conn)}
+        return [run for run in sp.schedule(through) if run not in have]
+
+    def build_segment(self, lo: int, hi: int, search=None):
+        """Build and record the segment pack of versions LO … HI (all done); the BuiltPack or None when empty."""
+        from ..packs import segmentpack as sp
+        from ..packs.versionpack import DeltaSearch
+        search = search or DeltaSearch()
+        with db.reading(self.conn) as conn:
+            after = list(db.refs_before(conn, hi + 1).values())
+            before = list(db.refs_before(conn, lo).values())
+        built = sp.build(self.gitdir, self.env, after, before, self.packs_dir, search) if after else None
+        if built is not None and not built.objects:
+            built = None            # its file goes with the next sweep unless a version pack shares it
+        db.write(self.conn, lambda conn: db.record_segment_pack(
+            conn, lo, hi, built.name if built else "", built.objects if built else 0, built.size if built else 0,
+            time.time(), search.window, search.depth, search.compression))
+        return built
+
+    def prune_segments(self) -> list[tuple[int, int]]:
+        """Forget the segment packs that lie inside a larger built one and delete
+        their files (a clone reading one keeps its open file; one that finds it
+        gone falls back to git)."""
+        from ..packs import segmentpack as sp
+
+        def tx(conn: db.Conn) -> tuple[list[tuple[int, int]], list[str]]:
+            rows = db.segment_packs(conn)
+            runs = [(lo, hi) for lo, hi, *_ in rows]
+            gone = [(lo, hi, name) for lo, hi, name, *_ in rows if any(sp.inside((lo, hi), r) for r in runs)]
+            for lo, hi, _ in gone:
+                db.delete_segment_pack(conn, lo, hi)
+            used = db.pack_names(conn)
+            return [(lo, hi) for lo, hi, _ in gone], sorted({n for *_, n in gone if n and n not in used})
+        runs, names = db.write(self.conn, tx)
+        for name in names:
+            for ext in (".pack", ".idx"):
+                try:
+                    os.unlink(os.path.join(self.packs_dir, f"pack-{name}{ext}"))
+                except OSError:
+                    pass
+        return runs
+
+    def sweep_packs(self, min_age: float = 3600.0) -> list[str]:
+        """Remove what crashed builders left in the packs directory: pack files no
+        row names (untouched for MIN_AGE seconds) and scratch directories of
+        processes that are gone. The paths removed."""
+        from ..packs import versionpack as vp
+        try:
+            names = os.listdir(self.packs_dir)
+        except OSError:
+            return []
+        used = db.pack_names(self.conn)
+        now = time.time()
+        out = []
+        for n in names:
+            path = os.path.join(self.packs_dir, n)
+            if n.startswith(vp.SCRATCH_PREFIX):
+                if not vp.scratch_owner_alive(n):
+                    shutil.rmtree(path, ignore_errors=True)
+                    out.append(path)
+                continue
+            stem, ext = os.path.splitext(n)
+            if not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used:
+                continue
+            try:
+                st = os.stat(path)
+                if now - max(st.st_mtime, st.st_ctime) >= min_age:
+                    os.unlink(path)
+                    out.append(path)
+            except OSError:
+                pass
+        return out
+
+    def segment_packs(self) -> list[SegmentPack]:
+        return [SegmentPack(*row) for row in db.segment_packs(self.conn)]
+
+    def clone_view(self) -> Optional[CloneView]:
+        """The refs and segment packs a full clone of the latest version is
+        planned from; None while a version is pending or has no pack."""
+        with db.reading(self.conn) as conn:
+            latest, _, pending = db.head(conn)
+            if pending or db.versions_without_pack(conn, 1):
+                return None
+            rows = db.all_refs(conn)
+            segs = db.segment_packs(conn)
+        direct = [r for r in rows if r.symref is None and r.oid]
+        return CloneView(latest, frozenset(r.oid for r in direct), frozenset(r.peeled for r in direct if r.peeled),
+                         tuple(SegmentPack(*row) for row in segs))
 
     # -- history queries ------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """`aspen verify`: the ref store against itself (SQLite integrity, versions
-replaying to the current refs, nothing pending, no stale lock), against the
-refs on disk as git reads them, and against the objects (every ref's
-closure present)."""
+replaying to the current refs, nothing pending, no stale lock, segment packs
+on runs of versions that exist and nest), against the refs on disk as git
+reads them, and against the objects (every ref's closure present)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,15 @@ def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
         pending = db.pending_versions(conn)
         rows = db.all_refs(conn)
         replay = db.replay_refs(conn)
+        latest = db.latest_version(conn)
+        runs = [(lo, hi) for lo, hi, *_ in db.segment_packs(conn)]
     rep.refs = len(rows)
     for path in diskrefs.stale_locks(gitdir, STALE_LOCK_SECONDS):
         rep.problems.append(f"stale lock file {path} (over a minute old; remove it if no git process runs)")
     for vid, owner, _ in pending:
         rep.problems.append(f"version {vid} is pending (writer {owner}, "
                             f"{'alive' if owner_alive(owner) else 'gone'})")
+    rep.problems += _segment_problems(runs, latest)
     stored = {r.name: r for r in rows}
     direct = {n: r.oid for n, r in stored.items() if r.symref is None}
     if replay != direct:
@@ -56,3 +59,16 @@ def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
             rep.problems.append("objects: not every ref is connected: "
                                 + res.stderr.decode("utf-8", "replace").strip()[:500])
     return rep
+
+
+def _segment_problems(runs: list[tuple[int, int]], latest: int) -> list[str]:
+    """Segment packs cover runs within versions 2 … latest, any two disjoint or nested."""
+    out = []
+    for lo, hi in runs:
+        if not 2 <= lo < hi <= latest:
+            out.append(f"segment pack of versions {lo}-{hi} is outside versions 2-{latest}")
+    for i, (a, b) in enumerate(runs):
+        for c, d in runs[i + 1:]:
+            if a < c <= b < d or c < a <= d < b:
+                out.append(f"segment packs of versions {a}-{b} and {c}-{d} overlap")
+    return out
