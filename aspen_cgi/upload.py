@@ -15,6 +15,7 @@ from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
 from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
 from .memo import Memo
+from .packs import background
 from .refs import HiddenRefs, RefSnapshot, shallow_roots
 from .repoconfig import ConfigError, parse_bool
 
@@ -148,7 +149,8 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     store = ctx.refstore() if why is None else None
     if why is None:
         # before any work over the refs: the common case without version packs
-        why = "no-store" if store is None else None if store.all_packs_built() else "not-built"
+        why = "no-store" if store is None else None if background.await_built(ctx.gitdir, store, ctx.env) \
+            else "not-built"
     if why is not None:
         return _fallback(ctx, why)
     from .planner.plan import Fallback

@@ -142,3 +142,26 @@ def test_pushes_build_their_packs_in_the_background(kind, root, server_factory, 
     h.fsck_strict(str(client))
     assert h.refs_of(str(client)) == h.refs_of(str(repo))
     assert "plan=planned" in _plans(server)[-1]
+
+
+@pytest.mark.parametrize("kind", ["gunicorn", "cgi"])
+def test_fetch_right_after_a_push_waits_for_its_pack(kind, root, server_factory, cgi_server_factory, tmp_path):
+    """A fetch that arrives while the push's pack is being built waits for
+    the builder (ASPEN_BUILD_WAIT_MS) and is planned; a change made outside
+    Aspen (stock's push) has no builder running: the next fetch starts one,
+    waits, and is planned too."""
+    env = dict(ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto", ASPEN_BUILD_WAIT_MS="30000")
+    server = server_factory(root, **env) if kind == "gunicorn" else cgi_server_factory(root, "aspen", **env)
+    stock = cgi_server_factory(root, "stock")
+    repo = pk.enable_push(root / "repo.git")
+    work, client = tmp_path / "work", tmp_path / "client"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    h.git("-c", "protocol.version=2", "clone", "-q", server.url + "/repo.git", str(client))
+    for i, url in enumerate((server.url, stock.url)):
+        (work / "w.txt").write_text(f"{i}\n" * 80)
+        pk.commit(work, f"w{i}")
+        h.git("push", "-q", url + "/repo.git", "HEAD:main", cwd=str(work))
+        h.git("-c", "protocol.version=2", "-c", "transfer.fsckObjects=true", "fetch", "-q", "--no-tags", "origin", cwd=str(client))
+        h.fsck_strict(str(client))
+        assert h.out("rev-parse", "origin/main", cwd=str(client)) == h.out("rev-parse", "main", cwd=str(repo))
+        assert "plan=planned" in _plans(server)[-1], (url, _plans(server)[-1])

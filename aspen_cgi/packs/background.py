@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
@@ -25,6 +26,7 @@ from .. import gitexec
 from ..refstore.owners import owner_alive, owner_id
 
 ENV = "ASPEN_VERSION_PACKS"
+WAIT_ENV = "ASPEN_BUILD_WAIT_MS"     # how long a fetch waits for a running builder (default 2000)
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
 
@@ -97,6 +99,32 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     child.pop("GIT_DIR", None)
     gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--wait-lock", gitdir], env=child)
     return True
+
+
+def await_built(gitdir: str, store, env: Mapping[str, str]) -> bool:
+    """True when every version has its pack. A fetch that arrives while they
+    are being built (right after a push, say) starts a builder if none is
+    running and waits for it up to ASPEN_BUILD_WAIT_MS, so that it is served
+    from the pack of the push it came for rather than by git."""
+    if store.all_packs_built():
+        return True
+    if not enabled(env):
+        return False
+    try:
+        wait = max(0.0, float(env.get(WAIT_ENV) or os.environ.get(WAIT_ENV) or 2000) / 1000)
+    except ValueError:
+        wait = 2.0
+    kick(gitdir, store.packs_dir, env)
+    start = time.monotonic()
+    pause = 0.002
+    while time.monotonic() - start < wait:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+        if store.all_packs_built():
+            return True
+        if time.monotonic() - start > 1.0 and not running(store.packs_dir):
+            return False          # the builder (given a second to start) stopped short: git answers
+    return False
 
 
 @dataclass
