@@ -23,7 +23,8 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     return "aspen: " + " ".join(fields) + "\n"
 
 
-PLAN_KEYS = ("protocol", "plan", "why", "versions_visited", "segments_visited", "extents", "objects", "plan_us")
+PLAN_KEYS = ("protocol", "plan", "why", "versions_visited", "segments_visited", "lookups", "extents", "objects",
+             "plan_us")
 
 
 def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:

@@ -9,6 +9,11 @@ new trailer; nothing is inflated or deflated).
   without haves) and the pack; at a flush `ACK <last> ready`, `NAK`, and
   with no-done `ACK <last>` and the pack, else nothing more (the client says
   `done` next).
+- A round without `done` that is not proved yet but whose haves are all
+  known (common): the acknowledgments alone, as stock answers a round it
+  cannot end -- v2 `acknowledgments`, `ACK <have>` each (`NAK` without
+  haves), flush; v0 `ACK <have> common` each, `NAK`. The client sends its
+  next round.
 
 The pack goes on band 1 (side-band-64k: 65515 data bytes a packet;
 side-band: 995) after one progress line on band 2, ending with a flush as
@@ -18,8 +23,9 @@ stock does; without side-band it is the raw pack and nothing after.
 from __future__ import annotations
 
 import os
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
+from .packs.packfile import PackIndex
 from .packs.splice import Extent, SplicePlan, plan_splice
 from .planner.plan import Plan
 from .protocol import pktline
@@ -28,12 +34,14 @@ BAND_DATA = 65515     # largest side-band-64k payload: 65520 - 4 (length) - 1 (b
 SIDEBAND_DATA = 995   # side-band (not 64k): packets of at most 1000 bytes
 
 
-def prepare(packs_dir: str, plan: Plan) -> SplicePlan:
+def prepare(packs_dir: str, plan: Plan, indexes: Optional[Mapping[str, PackIndex]] = None) -> SplicePlan:
     """Open and check the plan's packs, version and segment packs alike (all
-    kept in PACKS_DIR), in stream order; raises PackError or OSError (a pack
-    removed since planning) before any byte."""
+    kept in PACKS_DIR), in stream order; INDEXES: those already loaded, by
+    pack name. Raises PackError or OSError (a pack removed since planning)
+    before any byte."""
     thin = plan.thin or tuple(v != 1 for v in plan.versions)
-    return plan_splice(Extent(os.path.join(packs_dir, f"pack-{name}.pack"), thin=t)
+    indexes = indexes or {}
+    return plan_splice(Extent(os.path.join(packs_dir, f"pack-{name}.pack"), index=indexes.get(name), thin=t)
                        for name, t in zip(plan.packs, thin) if name)
 
 
@@ -46,6 +54,17 @@ def v2_packfile(splice: SplicePlan, plan: Plan, progress: bool, ready: bool = Fa
     yield pktline.encode(b"packfile\n")
     yield from _banded_pack(splice, plan, BAND_DATA, progress)
     yield pktline.FLUSH
+
+
+def v2_acknowledgments(haves: Sequence[str]) -> bytes:
+    """A v2 round that does not end the negotiation: every have is common."""
+    lines = [f"ACK {h}\n" for h in haves] or ["NAK\n"]
+    return pktline.encode(b"acknowledgments\n") + b"".join(pktline.encode(x.encode()) for x in lines) + pktline.FLUSH
+
+
+def v0_common(haves: Sequence[str]) -> bytes:
+    """A stateless v0 round (multi_ack_detailed) that does not end the negotiation: every have is common."""
+    return b"".join(pktline.encode(x.encode()) for x in [f"ACK {h} common\n" for h in haves] + ["NAK\n"])
 
 
 def v0_acks(common: Sequence[str], done: bool, no_done: bool) -> tuple[bytes, bool]:

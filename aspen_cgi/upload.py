@@ -1,8 +1,14 @@
 """The upload-pack service: Aspen writes the advertisements and ls-refs itself,
 parses every fetch into a FetchRequest, and answers it from stored version
 packs when the planner proves a plan (protocol v2, and v0/v1 rounds whose
-haves are all known tips); every other request goes to git's own
-upload-pack as it came (exact stock semantics), the trace saying why."""
+haves are all known tips). A round without `done` that the planner cannot
+prove yet, whose haves are all known version tips (certainly common), is
+answered with its acknowledgments alone (plan=acks): the client's next round
+brings more haves. Every other request goes to git's own upload-pack as it
+came (exact stock semantics), the trace saying why.
+
+Each have's tips are looked up once per request, all haves in one query
+(the known-have check and the planner share them)."""
 
 from __future__ import annotations
 
@@ -140,10 +146,12 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
 
 def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     """Aspen's answer, or None for git's. v2: fetches without want-ref,
-    packfile-uris or wait-for-done; a plan proved from the first round's
-    haves ends the negotiation there (`ready`). v0/v1: one stateless round
-    whose haves are all version tips (see `_v0_reason`). Everything else,
-    and every plan the store cannot prove, is git's (the trace says why)."""
+    packfile-uris, wait-for-done or sideband-all; a plan proved from a
+    round's haves ends the negotiation there (`ready`). v0/v1: one stateless
+    round whose haves are all version tips (see `_v0_reason`). A round
+    without `done` whose haves are all version tips but prove too little
+    gets its acknowledgments. Everything else, and every `done` the store
+    cannot prove, is git's (the trace says why)."""
     ctx.trace["protocol"] = ctx.protocol_version
     why = _request_reason(ctx, req)
     store = ctx.refstore() if why is None else None
@@ -153,15 +161,18 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
             else "not-built"
     if why is not None:
         return _fallback(ctx, why)
-    from .planner.plan import Fallback
+    from .planner.plan import UNPROVED, Fallback
     from .refstore.history import StoreHistory
     history = StoreHistory(store)
-    if ctx.protocol_version != 2 and not all(history.tips(h).tips for h in set(req.haves)):
+    known = all(t.tips for t in history.tips_many(req.haves).values())
+    if ctx.protocol_version != 2 and not known:
         return _fallback(ctx, "unknown-have")
     result = _plan(ctx, req, history)
     if isinstance(result, Fallback):
+        if result.reason == UNPROVED and known and not req.done:
+            return _acknowledgments(ctx, req, result.reason)
         return _fallback(ctx, result.reason)
-    splice = _prepare(ctx, store, result)
+    splice = _prepare(ctx, store, result, history.indexes)
     if splice is None:
         return None
     ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
@@ -180,6 +191,8 @@ def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
         return _v0_reason(req)
     if req.want_refs or req.packfile_uris or req.wait_for_done:
         return "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
+    if req.sideband_all:
+        return "sideband-all"           # every section framed on band 1, or refused when not allowed: git's
     return None
 
 
@@ -203,26 +216,48 @@ def _fallback(ctx, why: str) -> None:
     return None
 
 
+def _acknowledgments(ctx, req: FetchRequest, why: str) -> Iterator[bytes]:
+    """The round's ACKs (every have is a known tip, so common), no `ready`."""
+    from . import responder
+    ctx.trace.update(plan="acks", why=why, objects=0)
+    if ctx.protocol_version == 2:
+        return iter([responder.v2_acknowledgments(req.haves)])
+    return iter([responder.v0_common(req.haves)])
+
+
 def _plan(ctx, req: FetchRequest, history):
-    from .planner.plan import plan
+    from .packs.packfile import PackError
+    from .planner.plan import Fallback, plan
     snap, hidden = _snapshot(ctx), _hidden(ctx)
     visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
     advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
-    tags = frozenset(r.oid for r in visible if r.name.startswith("refs/tags/"))
     t0 = time.perf_counter()
-    result = plan(req, history, advertised, tags)
+    try:
+        result = plan(req, history, advertised, _annotated_tags(ctx, snap))
+    except (PackError, OSError) as e:
+        ctx.log.append(f"aspen: stored pack index unusable ({e}); git answers\n")
+        result = Fallback("pack-error")
     micros = (time.perf_counter() - t0) * 1e6
     ctx.trace.update(plan_us=round(micros), visits=f"{result.versions_visited}+{result.segments_visited}",
-                     versions_visited=result.versions_visited, segments_visited=result.segments_visited)
+                     versions_visited=result.versions_visited, segments_visited=result.segments_visited,
+                     lookups=result.lookups)
     return result
 
 
-def _prepare(ctx, store, result):
+def _annotated_tags(ctx, snap: RefSnapshot) -> dict[str, str]:
+    """What git's include-tag looks at: every annotated refs/tags/* ref of the
+    repository, hidden or not, outside any namespace -> its peeled object."""
+    if snap.namespace_prefix:
+        snap = ctx.snapshot(None)
+    return {r.oid: r.peeled for r in snap.refs if r.peeled and r.name.startswith("refs/tags/")}
+
+
+def _prepare(ctx, store, result, indexes=None):
     """The plan's packs opened and checked, or None (git answers) when they are unusable."""
     from .packs.packfile import PackError
     from . import responder
     try:
-        return responder.prepare(store.packs_dir, result)
+        return responder.prepare(store.packs_dir, result, indexes)
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored packs unusable ({e}); git answers\n")
         return _fallback(ctx, "pack-error")

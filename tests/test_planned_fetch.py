@@ -161,7 +161,7 @@ def test_fetch_right_after_a_push_waits_for_its_pack(kind, root, server_factory,
         (work / "w.txt").write_text(f"{i}\n" * 80)
         pk.commit(work, f"w{i}")
         h.git("push", "-q", url + "/repo.git", "HEAD:main", cwd=str(work))
-        h.git("-c", "protocol.version=2", "-c", "transfer.fsckObjects=true", "fetch", "-q", "--no-tags", "origin", cwd=str(client))
+        h.git("-c", "protocol.version=2", "-c", "transfer.fsckObjects=true", "fetch", "-q", "origin", cwd=str(client))
         h.fsck_strict(str(client))
         assert h.out("rev-parse", "origin/main", cwd=str(client)) == h.out("rev-parse", "main", cwd=str(repo))
         assert "plan=planned" in _plans(server)[-1], (url, _plans(server)[-1])

@@ -10,6 +10,8 @@ import random
 import shutil
 from pathlib import Path
 
+import pytest
+
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.refstore.history import StoreHistory
@@ -29,6 +31,12 @@ def _store(repo: Path) -> RefStore:
 
 def _advertised(repo: Path) -> frozenset[str]:
     return frozenset(h.refs_of(str(repo)).values())
+
+
+def _tags(repo: Path) -> dict[str, str]:
+    """Annotated refs/tags/* values -> their peeled objects, as upload.py gives them to the planner."""
+    out = h.out("for-each-ref", "--format=%(objectname) %(*objectname)", "refs/tags", cwd=str(repo))
+    return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
 
 
 def _complete(client: Path, store: RefStore, p: Plan, wants: dict[str, str]) -> None:
@@ -113,10 +121,11 @@ def test_what_cannot_be_proved_falls_back(root, server, tmp_path):
     assert plan(FetchRequest(version=0, wants=[main], haves=[main], capabilities=["ofs-delta"]),
                 hist, adv).reason == "no-thin-pack"
     assert plan(FetchRequest(version=0, wants=[main], capabilities=["thin-pack"]), hist, adv).reason == "no-ofs-delta"
-    tags = frozenset(v for r, v in refs.items() if r.startswith("refs/tags/"))
+    tags = _tags(repo)
     assert tags
-    assert plan(FetchRequest(version=2, wants=[main], capabilities=["ofs-delta", "include-tag"]),
-                hist, adv, tags).reason == "include-tag"     # a tag the client did not ask for could be due
+    # include-tag: the import pack sends every tag with its peeled commit
+    assert isinstance(plan(FetchRequest(version=2, wants=[main], capabilities=["ofs-delta", "include-tag"]),
+                           hist, adv, tags), Plan)
     assert isinstance(plan(FetchRequest(version=2, wants=sorted(set(refs.values())),
                                         capabilities=["ofs-delta", "include-tag"]), hist, adv, tags), Plan)
     # a client whose haves prove nothing would need the whole repository: git answers it
@@ -156,7 +165,7 @@ def test_stale_branch_is_its_own_pack_and_a_log_n_proof(root, server, tmp_path):
     p = plan(req, StoreHistory(store), _advertised(repo))
     assert isinstance(p, Plan), p
     assert len(p.versions) == 1
-    assert p.segments_visited + p.versions_visited <= 2 * 5 + 4 + 4   # log2(22) < 5; tips lookups add a few
+    assert p.segments_visited + p.versions_visited <= 2 * 5 + 4      # log2(22) < 5
     _complete(client, store, p, {"refs/heads/stale": refs["refs/heads/stale"]})
 
 
@@ -211,6 +220,12 @@ class _FakeHistory:
     def tips(self, commit):
         from aspen_cgi.refstore.model import TipAnswer, Visits
         return TipAnswer(commit, (), Visits(1, 0))
+
+    def tips_many(self, commits):
+        return {c: self.tips(c) for c in commits}
+
+    def pack_holds(self, name, oids):
+        return frozenset()
 
     def introduced_by(self, commit):
         return []
@@ -284,3 +299,152 @@ def test_full_clone_from_segment_packs_completes_an_empty_client(root, server, t
     again = tmp_path / "again.git"
     h.git("init", "-q", "--bare", str(again))
     _complete(again, store, p, refs)
+
+
+# -- visits are distinct versions and segments; lookups are counted apart ------------------------
+
+def _stale_history(repo: Path, n: int, tags: int) -> tuple[RefStore, list[str], str, list[str]]:
+    """Through the ref store API: an import with main and TAGS annotated tags
+    (on a side chain), version 2 cuts `stale` from main, versions 3 … N move
+    main one commit each; version packs recorded by hand (name, boundary,
+    introduced) as the builder would. Returns the store, main's chain, the
+    stale tip and the tags' peeled commits."""
+    from aspen_cgi.refstore import db
+    from aspen_cgi.refstore.model import RefChange, VersionMeta
+
+    from .test_refstore import commits, empty_repo
+    empty_repo(repo)
+    chain = commits(repo, n - 1)
+    stale = commits(repo, 1, parent=chain[0], tag="stale")[0]
+    peeled = commits(repo, tags, tag="tagged")
+    stream = "".join(f"tag t{i}\nfrom {c}\ntagger T <t@x> 1600000000 +0000\ndata 3\nt{i}\n" for i, c in enumerate(peeled))
+    h.git("fast-import", "--quiet", cwd=str(repo), input=stream.encode())
+    h.git("update-ref", "refs/heads/main", chain[0], cwd=str(repo))
+    store = _store(repo)
+    assert store.latest() == 1
+    assert not store.commit([RefChange("refs/heads/stale", "0" * 40, stale)], VersionMeta("push"), fast=True)
+    for v in range(3, n + 1):
+        assert not store.commit([RefChange("refs/heads/main", chain[v - 3], chain[v - 2], ff=True)],
+                                VersionMeta("push"), fast=True)
+    assert store.latest() == n
+
+    def record(conn) -> None:
+        db.record_pack(conn, 1, "1" * 40, 1, 1, 0.0, 0, 0, 0, ())
+        db.record_pack(conn, 2, "2" * 40, 1, 1, 0.0, 0, 0, 0, (chain[0],))
+        db.insert_introduced(conn, 2, (stale,))
+        for v in range(3, n + 1):
+            db.record_pack(conn, v, f"{v:040x}", 1, 1, 0.0, 0, 0, 0, (chain[v - 3],))
+            db.insert_introduced(conn, v, (chain[v - 2],))
+    db.write(store.conn, record)
+    return store, chain, stale, peeled
+
+
+@pytest.mark.parametrize("n", [10, 100, 1000])
+def test_stale_branch_visits_count_each_version_once(tmp_path, n):
+    """A client current on main with 30 tags fetches a branch cut N versions
+    ago: 31 have lookups all land on two versions; what is visited stays
+    within 2·log2(N)+4, the lookups are reported apart."""
+    import math
+    store, chain, stale, peeled = _stale_history(tmp_path / "repo.git", n, 30)
+    haves = [chain[-1]] + peeled
+    req = FetchRequest(version=2, wants=[stale], haves=haves, capabilities=["thin-pack", "ofs-delta"])
+    p = plan(req, StoreHistory(store), frozenset({stale}))
+    assert isinstance(p, Plan), p
+    assert p.versions == (2,)
+    assert p.versions_visited + p.segments_visited <= 2 * math.log2(n) + 4, (p.versions_visited, p.segments_visited)
+    assert p.lookups >= len(haves) + 1 > p.versions_visited
+
+
+# -- include-tag ------------------------------------------------------------------------------------
+
+class _TagHistory:
+    """Version 1 imports main=C1 and tag X (-> C1); 2 moves main to C2; 3
+    pushes tag T (-> C2) alone; 4 moves main to C4. Packs hold what the
+    builder would put in them."""
+    C1, C2, C4, T, X = "c1" * 20, "c2" * 20, "c4" * 20, "7a" * 20, "7b" * 20
+    TIPS = {C1: ((1, "refs/heads/main"), (1, "refs/tags/x")), C2: ((2, "refs/heads/main"), (3, "refs/tags/t")),
+            C4: ((4, "refs/heads/main"),), T: ((3, "refs/tags/t"),), X: ((1, "refs/tags/x"),)}
+    PACKS = {1: ("p1", (), ("refs/heads/main", "refs/tags/x")), 2: ("p2", (C1,), ("refs/heads/main",)),
+             3: ("p3", (C2,), ("refs/tags/t",)), 4: ("p4", (C2,), ("refs/heads/main",))}
+    HELD = {"p1": {C1, X}, "p2": {C2}, "p3": {T}, "p4": {C4}}
+    INTRODUCED = {C1: [1], C2: [2], C4: [4]}
+
+    def tips(self, commit):
+        from aspen_cgi.refstore.model import TipAnswer, Visits
+        rows = self.TIPS.get(commit, ())
+        return TipAnswer(commit, rows, Visits(1, 0, tuple(sorted({v for v, _ in rows}))))
+
+    def tips_many(self, commits):
+        return {c: self.tips(c) for c in commits}
+
+    def is_ancestor(self, ref, j, k):
+        from aspen_cgi.refstore.model import AncestryAnswer, Visits
+        return AncestryAnswer(ref, j, k, ref == "refs/heads/main" and j <= k, None, None,
+                              Visits(k - j, 0, tuple(range(j + 1, k + 1))))
+
+    def introduced_by(self, commit):
+        return self.INTRODUCED.get(commit, [])
+
+    def pack_of(self, version):
+        return self.PACKS[version]
+
+    def pack_holds(self, name, oids):
+        return frozenset(set(oids) & self.HELD[name])
+
+    def all_packs_built(self):
+        return True
+
+    def clone_view(self):
+        return None
+
+
+def test_include_tag_adds_the_version_holding_a_tag_whose_commit_is_sent():
+    hist, H = _TagHistory(), _TagHistory
+    tags = {H.T: H.C2, H.X: H.C1}
+    adv = frozenset({H.C4, H.T, H.C2, H.X, H.C1})
+    caps = ["thin-pack", "ofs-delta", "include-tag"]
+    # behind at C1: C2 and C4 arrive, and T (-> C2) with them; X's commit is a have
+    p = plan(FetchRequest(version=2, wants=[H.C4], haves=[H.C1], capabilities=caps), hist, adv, tags)
+    assert isinstance(p, Plan) and p.versions == (2, 3, 4), p
+    assert any("include-tag" in proof for proof in p.proofs)
+    # without include-tag, or with the tag already had: no tag version
+    p = plan(FetchRequest(version=2, wants=[H.C4], haves=[H.C1], capabilities=caps[:2]), hist, adv, tags)
+    assert p.versions == (2, 4)
+    p = plan(FetchRequest(version=2, wants=[H.C4], haves=[H.C2], capabilities=caps), hist, adv, tags)
+    assert p.versions == (4,)                 # C2 is not sent: T is not due
+    # a tag only the import holds, whose commit a later version sends to a client with haves
+    hist.TIPS = dict(H.TIPS, **{H.T: ((1, "refs/tags/t"),)})
+    p = plan(FetchRequest(version=2, wants=[H.C4], haves=[H.C1], capabilities=caps), hist, adv, tags)
+    assert isinstance(p, Fallback) and p.reason == "include-tag"
+
+
+class _BranchHistory(_TagHistory):
+    """Version 1 imports main=C1; 2 creates branch b=B2 on C1 (one ref); 3
+    moves main to C3 on C1; 4 moves b and creates c together (two refs)."""
+    C1, B2, C3, B4, D4 = "c1" * 20, "b2" * 20, "c3" * 20, "b4" * 20, "d4" * 20
+    TIPS = {C1: ((1, "refs/heads/main"),), B2: ((2, "refs/heads/b"),), C3: ((3, "refs/heads/main"),),
+            B4: ((4, "refs/heads/b"),), D4: ((4, "refs/heads/c"),)}
+    PACKS = {1: ("p1", (), ("refs/heads/main",)), 2: ("p2", (C1,), ("refs/heads/b",)),
+             3: ("p3", (C1,), ("refs/heads/main",)), 4: ("p4", (C1, B2), ("refs/heads/b", "refs/heads/c"))}
+    HELD = {"p1": {C1}, "p2": {B2}, "p3": {C3}, "p4": {B4, D4}}
+    INTRODUCED = {C1: [1], B2: [2], C3: [3], B4: [4], D4: [4]}
+
+    def is_ancestor(self, ref, j, k):
+        raise AssertionError("no ref here fast-forwards from one version to another")
+
+
+def test_a_done_round_proves_what_lies_below_a_haves_own_version():
+    """The client has branch b (so C1 below it) and sent only B2: the
+    negotiation acknowledged B2, so the client never sends C1. At `done`,
+    B2's version updated b alone, so its boundary (C1) is the client's."""
+    hist, H = _BranchHistory(), _BranchHistory
+    adv = frozenset({H.C3, H.B2, H.B4, H.D4})
+    caps = ["thin-pack", "ofs-delta"]
+    req = dict(version=2, wants=[H.C3], haves=[H.B2], capabilities=caps)
+    assert plan(FetchRequest(**req), hist, adv).reason == "haves-not-proved"      # a later round may do better
+    p = plan(FetchRequest(**req, done=True), hist, adv)
+    assert isinstance(p, Plan) and p.versions == (3,), p
+    assert any("boundary of a have's version" in proof for proof in p.proofs)
+    # a have whose version updated two refs proves nothing below it
+    req = dict(version=2, wants=[H.C3], haves=[H.D4], capabilities=caps, done=True)
+    assert plan(FetchRequest(**req), hist, adv).reason == "haves-not-proved"

@@ -13,32 +13,64 @@ in the client's closure, proved by
      store's O(log N) segment query);
   3. c was introduced by a version j' that updated one ref, whose value
      there is proved by rule 2;
+  4. (in a `done` round, once rules 1-3 miss) c is in the boundary of a
+     version k that updated one ref only, to a value that is a have: every
+     boundary commit of such a version is an ancestor of its one new value.
+     These commits then count as haves for rules 2 and 3 too. (An ACKed
+     have's ancestors are never sent as haves; after rounds Aspen
+     acknowledged, this is how the stale tip behind a branch is proved.)
 or else the version that holds c is needed too, recursively, down to the
 import version (whose pack is the whole repository then). A plan is made
-only when every version has its pack: anything unproved falls back.
+only when every version has its pack: anything unproved falls back. A
+client with haves whose proof reaches the import version falls back with
+UNPROVED: a later round with more haves may prove it (upload.py answers
+such a round's acknowledgments itself when every have is a known tip).
+
+include-tag (git's `pack-objects --include-tag`): an annotated tag under
+refs/tags whose peeled object is sent is sent too, with its tag chain. After
+the walk, each such tag T whose peeled object is in one of the needed
+packs (their `.idx` bisected) while T is in none needs a version where T
+became a ref value (its pack holds T and the chain below it; the latest
+such); that version joins the walk like a want, its boundary proved or
+held like any other, until no needed pack sends a peeled object without
+its tag. A tag only the import version holds, for a client with haves,
+falls back.
 
 A full clone (no haves) of every ref value of the latest version N is the
 import pack, then segment packs and version packs partitioning versions
 2 … N (the longest built segment first, `cover()`): each extent holds what
 its versions' refs reach beyond the refs before them, with delta bases only
 in earlier extents, so the splice is complete in O(log N) extents.
+
+Counts: `versions_visited` is the number of distinct versions whose records
+the planner read (tips rows, introduced-by rows, packs and boundaries, the
+ancestry queries' update rows), `segments_visited` the distinct segment
+nodes and segment packs, `lookups` the questions asked of the history
+(each commit's tips one, even when the haves are looked up in one batch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Collection, Mapping, Optional, Protocol, Sequence
 
 from ..protocol.requests import FetchRequest
-from ..refstore.model import AncestryAnswer, CloneView, TipAnswer
+from ..refstore.model import AncestryAnswer, CloneView, TipAnswer, Visits
+
+UNPROVED = "haves-not-proved"
+
+PackInfo = tuple[str, tuple[str, ...], tuple[str, ...]]
 
 
 class History(Protocol):
     def tips(self, commit: str) -> TipAnswer: ...
+    def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]: ...
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer: ...
     def introduced_by(self, commit: str) -> list[int]: ...
-    def pack_of(self, version: int) -> Optional[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    def pack_of(self, version: int) -> Optional[PackInfo]:
         """(pack name or "" when empty, boundary commits, refs it updated); None if not built."""
+    def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
+        """Which of OIDS the stored pack NAME holds."""
     def all_packs_built(self) -> bool: ...
     def clone_view(self) -> Optional[CloneView]:
         """The latest version's ref values and the segment packs built; None while a version has no pack."""
@@ -57,6 +89,7 @@ class Plan:
     proofs: tuple[str, ...] = ()
     thin: tuple[bool, ...] = ()
     firsts: tuple[int, ...] = ()
+    lookups: int = 0
 
     @property
     def spans(self) -> tuple[tuple[int, int], ...]:
@@ -68,13 +101,24 @@ class Fallback:
     reason: str
     versions_visited: int = 0
     segments_visited: int = 0
+    lookups: int = 0
 
 
 @dataclass
 class _Count:
-    versions: int = 0
-    segments: int = 0
+    versions: set[int] = field(default_factory=set)
+    segments: set[tuple] = field(default_factory=set)
+    lookups: int = 0
     proofs: list[str] = field(default_factory=list)
+
+    def read(self, visits: Visits) -> None:
+        """One question answered: count it, and the versions and segment nodes it read."""
+        self.lookups += 1
+        self.versions.update(visits.version_ids)
+        self.segments.update(("node",) + s for s in visits.segment_ids)
+
+    def fallback(self, reason: str) -> Fallback:
+        return Fallback(reason, len(self.versions), len(self.segments), self.lookups)
 
 
 SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "side-band", "side-band-64k",
@@ -84,21 +128,13 @@ SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "si
 
 
 def plan(req: FetchRequest, history: History, advertised: frozenset[str],
-         tag_values: frozenset[str] = frozenset()) -> Plan | Fallback:
+         tags: Optional[Mapping[str, str]] = None) -> Plan | Fallback:
     """ADVERTISED: every object the client may want (visible ref values and
-    their peeled objects); TAG_VALUES: the visible refs/tags/* values, which
-    include-tag could add."""
-    reason = req.needs_fallback_reason
+    their peeled objects); TAGS: each annotated refs/tags/* value (every one
+    git's include-tag looks at, hidden or not) -> its peeled object."""
+    reason = _request_reason(req, advertised)
     if reason:
         return Fallback(reason)
-    if req.haves and not req.has_capability("thin-pack"):
-        return Fallback("no-thin-pack")          # version packs are thin against the client's objects
-    if not req.has_capability("ofs-delta"):
-        return Fallback("no-ofs-delta")
-    if req.has_capability("include-tag") and not tag_values <= set(req.wants) | set(req.haves):
-        return Fallback("include-tag")
-    if any(w not in advertised for w in req.wants):
-        return Fallback("want-not-advertised")
     if not history.all_packs_built():
         return Fallback("not-built")
     count = _Count()
@@ -106,51 +142,222 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
         whole = _clone(req, history, count)
         if whole is not None:
             return whole
-    haves = set(req.haves)
-    have_tips: dict[str, list[int]] = {}            # ref -> versions at which a have became its value
-    for h in haves:
-        ans = history.tips(h)
-        count.versions += ans.visits.versions
-        for version, ref in ans.tips:
-            have_tips.setdefault(ref, []).append(version)
-    needed: set[int] = set()
-    work: list[int] = []
-    for w in req.wants:
-        if w in haves:
-            continue
-        first = history.tips(w)
-        count.versions += first.visits.versions
-        if first.first is None:
-            return Fallback("want-not-a-tip", count.versions, count.segments)
-        v = first.first[0]
-        if v not in needed:
-            needed.add(v)
-            work.append(v)
-    proved: dict[str, bool] = {}
-    while work:
-        v = work.pop()
-        info = history.pack_of(v)
-        if info is None:
-            return Fallback("not-built", count.versions, count.segments)
-        for c in info[1]:
-            if c not in proved:
-                proved[c] = _in_closure(c, haves, have_tips, history, count)
-            if proved[c]:
+    walk = _Walk(history, count, req.haves, final=req.done)
+    why = (walk.want(req.wants) or walk.discharge() or walk.unproved()
+           or _include_tags(req, tags or {}, walk) or walk.unproved())
+    return count.fallback(why) if why else walk.plan()
+
+
+def _request_reason(req: FetchRequest, advertised: frozenset[str]) -> Optional[str]:
+    reason = req.needs_fallback_reason
+    if reason:
+        return reason
+    if req.haves and not req.has_capability("thin-pack"):
+        return "no-thin-pack"          # version packs are thin against the client's objects
+    if not req.has_capability("ofs-delta"):
+        return "no-ofs-delta"
+    if any(w not in advertised for w in req.wants):
+        return "want-not-advertised"
+    return None
+
+
+class _Walk:
+    """The version walk: the versions needed, those whose boundaries are not
+    discharged yet, and what is known of the client's closure."""
+
+    def __init__(self, history: History, count: _Count, haves: Sequence[str], final: bool):
+        self.history = history
+        self.count = count
+        self.haves = set(haves)
+        self.final = final                            # no later round brings more haves
+        self.have_tips: dict[str, set[int]] = {}      # ref -> versions at which a have became its value
+        self.beneath: set[str] = set()                # rule 4's commits
+        self.widened = False
+        self.needed: set[int] = set()
+        self.work: list[int] = []
+        self.proved: dict[str, bool] = {}
+        self.packs: dict[int, Optional[PackInfo]] = {}
+        self.tip_answers: dict[str, TipAnswer] = {}
+        self.have_answers = self.tips_many(sorted(self.haves))
+        self.learn(self.have_answers)
+
+    # -- counted reads
+
+    def tips(self, commit: str) -> TipAnswer:
+        ans = self.tip_answers.get(commit)
+        if ans is None:
+            ans = self.tip_answers[commit] = self.history.tips(commit)
+            self.count.read(ans.visits)
+        return ans
+
+    def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
+        todo = [c for c in commits if c not in self.tip_answers]
+        if todo:
+            for c, ans in self.history.tips_many(todo).items():
+                self.tip_answers[c] = ans
+                self.count.read(ans.visits)
+        return {c: self.tip_answers[c] for c in commits}
+
+    def introduced_by(self, commit: str) -> list[int]:
+        got = self.history.introduced_by(commit)
+        self.count.read(Visits(version_ids=tuple(got)))
+        return got
+
+    def pack(self, version: int) -> Optional[PackInfo]:
+        if version not in self.packs:
+            self.packs[version] = self.history.pack_of(version)
+            self.count.read(Visits(version_ids=(version,)))
+        return self.packs[version]
+
+    def is_ancestor(self, ref: str, j: int, k: int) -> bool:
+        ans = self.history.is_ancestor(ref, j, k)
+        self.count.read(ans.visits)
+        return ans.ancestor
+
+    # -- the walk
+
+    def need(self, version: int) -> None:
+        if version not in self.needed:
+            self.needed.add(version)
+            self.work.append(version)
+
+    def want(self, wants: Sequence[str]) -> Optional[str]:
+        for w in wants:
+            if w in self.haves:
                 continue
-            holder = _holder(c, history, count)
-            if holder not in needed:
-                needed.add(holder)
-                work.append(holder)
-    if 1 in needed and haves:
-        # a client with history would get the whole repository: git negotiates better
-        return Fallback("haves-not-proved", count.versions, count.segments)
-    order = tuple(sorted(needed))
-    packs = []
-    for v in order:
-        info = history.pack_of(v)
-        packs.append(info[0] if info else "")
-    return Plan(order, tuple(packs), count.versions, count.segments, tuple(count.proofs),
-                tuple(v != 1 for v in order), order)
+            first = self.tips(w).first
+            if first is None:
+                return "want-not-a-tip"
+            self.need(first[0])
+        return None
+
+    def discharge(self) -> Optional[str]:
+        """Prove or hold every boundary commit of the versions on the work list."""
+        while self.work:
+            info = self.pack(self.work.pop())
+            if info is None:
+                return "not-built"
+            for c in info[1]:
+                if c not in self.proved:
+                    self.proved[c] = self.in_closure(c)
+                if not self.proved[c]:
+                    self.need(self.holder(c))
+        return None
+
+    def in_closure(self, c: str) -> bool:
+        return self.proved_by_rules(c) or (self.widen() and self.proved_by_rules(c))
+
+    def proved_by_rules(self, c: str) -> bool:
+        if c in self.haves:
+            self.count.proofs.append(f"{c[:12]} is a have")
+            return True
+        if c in self.beneath:
+            self.count.proofs.append(f"{c[:12]} is in the boundary of a have's version")
+            return True
+        if self.tip_below_have(c, self.tips(c).tips):
+            return True
+        for j in self.introduced_by(c):
+            info = self.pack(j)
+            if info is None or len(info[2]) != 1:
+                continue
+            if self.tip_below_have(c, ((j, info[2][0]),)):
+                return True
+        return False
+
+    def tip_below_have(self, c: str, tips: Sequence[tuple[int, str]]) -> bool:
+        for j, ref in tips:
+            for k in sorted(self.have_tips.get(ref, ()), reverse=True):
+                if k >= j and self.is_ancestor(ref, j, k):
+                    self.count.proofs.append(f"{c[:12]} <= {ref}@{k} (from @{j})")
+                    return True
+        return False
+
+    def widen(self) -> bool:
+        """Rule 4, once, for a final round: the boundary of a version that
+        updated one ref only, to a value that is a have, lies in that have's
+        closure; those commits count as haves from here on (rules 1-3 use
+        them). True when that added any."""
+        if not self.final or self.widened:
+            return False
+        self.widened = True
+        for ans in self.have_answers.values():
+            for k, ref in ans.tips:
+                info = self.pack(k)
+                if info is not None and info[2] == (ref,):
+                    self.beneath.update(info[1])
+        self.beneath -= self.haves
+        self.learn(self.tips_many(sorted(self.beneath)))
+        return bool(self.beneath)
+
+    def learn(self, answers: Mapping[str, TipAnswer]) -> None:
+        for ans in answers.values():
+            for version, ref in ans.tips:
+                self.have_tips.setdefault(ref, set()).add(version)
+
+    def unproved(self) -> Optional[str]:
+        """A client with history would get the whole repository: git negotiates better."""
+        return UNPROVED if 1 in self.needed and self.haves else None
+
+    def holder(self, c: str) -> int:
+        """The version whose pack holds commit C: the first that introduced it
+        (every built version records what it introduced), else the import
+        version, whose pack is the whole repository as first seen."""
+        candidates = self.introduced_by(c)
+        return min(candidates) if candidates else 1
+
+    def plan(self) -> Plan:
+        order = tuple(sorted(self.needed))
+        packs = tuple((self.pack(v) or ("",))[0] for v in order)
+        c = self.count
+        return Plan(order, packs, len(c.versions), len(c.segments), tuple(c.proofs),
+                    tuple(v != 1 for v in order), order, c.lookups)
+
+
+def _include_tags(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[str]:
+    """Add the versions holding the tags include-tag sends (module docstring);
+    the reason to fall back, or None."""
+    if not req.has_capability("include-tag"):
+        return None
+    wants = set(req.wants)
+    due = {t: p for t, p in tags.items() if t not in wants and t not in walk.haves and p not in walk.haves}
+    probe = set(due) | set(due.values())
+    sent: set[str] = set()
+    looked: set[int] = set()
+    while due:
+        fresh = sorted(walk.needed - looked)
+        if not fresh:
+            return None
+        looked.update(fresh)
+        for v in fresh:
+            name = (walk.pack(v) or ("",))[0]
+            if name:
+                walk.count.lookups += 1
+                sent |= walk.history.pack_holds(name, probe - sent)
+        for t in sorted(t for t, p in due.items() if p in sent and t not in sent):
+            why = _need_tag(walk, t)
+            if why:
+                return why
+        for t in [t for t in due if t in sent]:
+            del due[t]
+        why = walk.discharge()
+        if why:
+            return why
+    return None
+
+
+def _need_tag(walk: _Walk, tag: str) -> Optional[str]:
+    """Need a version whose pack holds TAG: each that made it a ref value
+    does (tag objects are reachable from no boundary commit); the latest,
+    and never the import's for a client with haves."""
+    versions = [v for v, _ in walk.tips(tag).tips]
+    if not versions or walk.needed.intersection(versions):
+        return "include-tag"              # no version holds it, or a needed pack should have
+    v = versions[-1]
+    if v == 1 and walk.haves:
+        return "include-tag"
+    walk.count.proofs.append(f"tag {tag[:12]} from @{v} (include-tag)")
+    walk.need(v)
+    return None
 
 
 def cover(first: int, last: int, runs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -175,6 +382,7 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
     ref value of it (nothing hidden, no namespace, no ref left out is sent)
     and nothing else; None leaves the request to the version walk."""
     view = history.clone_view()
+    count.lookups += 1
     if view is None:
         return None
     wants = set(req.wants)
@@ -185,11 +393,11 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
     names, firsts, lasts = [], [], []
     for lo, hi in spans:
         if (lo, hi) in segments:
-            count.segments += 1
+            count.segments.add(("run", lo, hi))
             name = segments[(lo, hi)]
         else:
-            count.versions += 1
             info = history.pack_of(lo)
+            count.read(Visits(version_ids=(lo,)))
             if info is None:
                 return None
             name = info[0]
@@ -198,48 +406,5 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
             firsts.append(lo)
             lasts.append(hi)
     count.proofs.append(f"clone of version {view.version}: {len(spans)} runs")
-    return Plan(tuple(lasts), tuple(names), count.versions, count.segments, tuple(count.proofs),
-                (False,) * len(names), tuple(firsts))
-
-
-def _in_closure(c: str, haves: set[str], have_tips: dict[str, list[int]], history: History, count: _Count) -> bool:
-    if c in haves:
-        count.proofs.append(f"{c[:12]} is a have")
-        return True
-    tips = history.tips(c)
-    count.versions += tips.visits.versions
-    if _tip_below_have(c, tips.tips, have_tips, history, count):
-        return True
-    for j in history.introduced_by(c):
-        count.versions += 1
-        info = history.pack_of(j)
-        if info is None or len(info[2]) != 1:
-            continue
-        ref = info[2][0]
-        if _tip_below_have(c, ((j, ref),), have_tips, history, count):
-            return True
-    return False
-
-
-def _tip_below_have(c: str, tips: Sequence[tuple[int, str]], have_tips: dict[str, list[int]],
-                    history: History, count: _Count) -> bool:
-    for j, ref in tips:
-        for k in sorted(have_tips.get(ref, ()), reverse=True):
-            if k < j:
-                continue
-            ans = history.is_ancestor(ref, j, k)
-            count.versions += ans.visits.versions
-            count.segments += ans.visits.segments
-            if ans.ancestor:
-                count.proofs.append(f"{c[:12]} <= {ref}@{k} (from @{j})")
-                return True
-    return False
-
-
-def _holder(c: str, history: History, count: _Count) -> int:
-    """The version whose pack holds commit C: the first that introduced it
-    (every built version records what it introduced), else the import
-    version, whose pack is the whole repository as first seen."""
-    candidates = history.introduced_by(c)
-    count.versions += 1
-    return min(candidates) if candidates else 1
+    return Plan(tuple(lasts), tuple(names), len(count.versions), len(count.segments), tuple(count.proofs),
+                (False,) * len(names), tuple(firsts), count.lookups)

@@ -280,14 +280,15 @@ def count_versions(conn: Conn) -> int:
 
 # -- history queries ---------------------------------------------------------------------------
 
-def value_at(conn: Conn, ref: str, version: int) -> Optional[str]:
-    """The value of REF after VERSION (None if it did not exist)."""
-    row = conn.execute("SELECT new FROM updates WHERE ref = ? AND version <= ?"
+def value_row_at(conn: Conn, ref: str, version: int) -> tuple[Optional[str], Optional[int]]:
+    """The value of REF after VERSION (None if it did not exist) and the
+    version of the update row that says so (None when no row did)."""
+    row = conn.execute("SELECT new, version FROM updates WHERE ref = ? AND version <= ?"
                        " AND version NOT IN (SELECT id FROM versions WHERE state = 'pending')"
                        " ORDER BY version DESC LIMIT 1", (ref, version)).fetchone()
-    if row is None or row[0] == "0" * 40:
-        return None
-    return row[0]
+    if row is None:
+        return None, None
+    return (None if row[0] == "0" * 40 else row[0]), row[1]
 
 
 def update_ff(conn: Conn, ref: str, version: int) -> Optional[bool]:
@@ -304,6 +305,19 @@ def segment_ff(conn: Conn, level: int, idx: int, ref: str) -> Optional[bool]:
 
 def tips_of(conn: Conn, commit: str) -> list[tuple[int, str]]:
     return list(conn.execute("SELECT version, ref FROM tips WHERE commit_oid = ? ORDER BY version, ref", (commit,)))
+
+
+def tips_of_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
+    """tips_of() for every one of COMMITS, one query per 500 of them."""
+    out: dict[str, list[tuple[int, str]]] = {c: [] for c in commits}
+    keys = list(out)
+    for i in range(0, len(keys), 500):
+        part = keys[i:i + 500]
+        q = ("SELECT commit_oid, version, ref FROM tips WHERE commit_oid IN (%s) ORDER BY commit_oid, version, ref"
+             % ",".join("?" * len(part)))
+        for c, v, r in conn.execute(q, part):
+            out[c].append((v, r))
+    return out
 
 
 def introduced_by(conn: Conn, commit: str) -> list[int]:

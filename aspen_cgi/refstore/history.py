@@ -1,10 +1,16 @@
-"""The ref store as the planner's `History`: tips, ancestry, what each
-version introduced, its pack and boundary, and what a full clone is
-spliced from."""
+"""The ref store as the planner's `History`: tips (each commit looked up
+once per request, the haves in one query), ancestry, what each version
+introduced, its pack and boundary, which objects a stored pack holds, and
+what a full clone is spliced from.
+
+One StoreHistory serves one request: the tips it looked up and the pack
+indexes it loaded are kept, and `indexes` hands the loaded ones to the
+splice so no `.idx` is read twice."""
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Collection, Optional, Sequence
 
 from .model import AncestryAnswer, CloneView, TipAnswer
 from .store import RefStore
@@ -13,9 +19,20 @@ from .store import RefStore
 class StoreHistory:
     def __init__(self, store: RefStore):
         self.store = store
+        self._tips: dict[str, TipAnswer] = {}
+        self.indexes: dict[str, object] = {}      # pack name -> PackIndex
 
     def tips(self, commit: str) -> TipAnswer:
-        return self.store.tips(commit)
+        got = self._tips.get(commit)
+        if got is None:
+            got = self._tips[commit] = self.store.tips(commit)
+        return got
+
+    def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
+        todo = [c for c in dict.fromkeys(commits) if c not in self._tips]
+        if todo:
+            self._tips.update(self.store.tips_many(todo))
+        return {c: self._tips[c] for c in commits}
 
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer:
         return self.store.is_ancestor(ref, j, k)
@@ -29,6 +46,15 @@ class StoreHistory:
             return None
         (name, _, _), boundary = got
         return name, tuple(boundary), self.store.version_refs(version)
+
+    def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
+        """Which of OIDS (hex) the stored pack NAME holds, by bisecting its
+        `.idx`; raises PackError when the index cannot be read."""
+        from ..packs.packfile import PackIndex
+        index = self.indexes.get(name)
+        if index is None:
+            index = self.indexes[name] = PackIndex.load(os.path.join(self.store.packs_dir, f"pack-{name}.idx"))
+        return frozenset(o for o in oids if bytes.fromhex(o) in index)
 
     def all_packs_built(self) -> bool:
         return self.store.all_packs_built()

@@ -62,8 +62,13 @@ class StoredRef:
 
 @dataclass(frozen=True)
 class Visits:
+    """What a history query read: counts, and which versions (ids) and
+    segment nodes ((level, idx)) their records belong to, so that a caller
+    asking several questions can count each version once."""
     versions: int = 0
     segments: int = 0
+    version_ids: tuple[int, ...] = ()
+    segment_ids: tuple[tuple[int, int], ...] = ()
 
     @property
     def total(self) -> int:

@@ -8,7 +8,8 @@
 - `commit()` is a push: git locks and checks every old value on disk, the
   version is committed to the store (pending), git renames the locks into
   place, and the version is marked done and compacted.
-- `is_ancestor()` and `tips()` are the planner's history questions.
+- `is_ancestor()`, `tips()` and `tips_many()` are the planner's history
+  questions; their answers say which versions and segments they read.
 - `build_packs()` builds the version packs; `build_segment()` and
   `prune_segments()` keep the segment packs a full clone is spliced from
   (`clone_view()`).
@@ -76,6 +77,10 @@ def _connection(path: str) -> db.Conn:
     conn = db.connect(path)
     conns[path] = (conn, _file_id(path))
     return conn
+
+
+def _tip_answer(commit: str, rows: Sequence[tuple[int, str]]) -> TipAnswer:
+    return TipAnswer(commit, tuple(rows), Visits(1, 0, tuple(sorted({v for v, _ in rows}))))
 
 
 class RefStore:
@@ -548,26 +553,33 @@ class RefStore:
         value after version K (J <= K), proved from fast-forward flags alone."""
         with db.reading(self.conn) as conn:
             through = int(db.get_state(conn, "compacted_through") or "0")
-            vj, vk = db.value_at(conn, ref, j), db.value_at(conn, ref, k)
+            (vj, at_j), (vk, at_k) = db.value_row_at(conn, ref, j), db.value_row_at(conn, ref, k)
+            read = [v for v in (at_j, at_k) if v is not None]     # the versions whose rows gave the values
+            nodes: list[tuple[int, int]] = []
             nv = ns = 0
             ok = vj is not None and vk is not None and j <= k
             if ok:
                 for level, idx in segments.cover(j + 1, k, through):
                     if level == 0:
                         nv += 1
+                        read.append(idx + 1)
                         flag = db.update_ff(conn, ref, idx + 1)
                     else:
                         ns += 1
+                        nodes.append((level, idx))
                         flag = db.segment_ff(conn, level, idx, ref)
                     if flag is False:
                         ok = False
                         break
-        return AncestryAnswer(ref, j, k, ok, vj, vk, Visits(nv, ns))
+        return AncestryAnswer(ref, j, k, ok, vj, vk, Visits(nv, ns, tuple(sorted(set(read))), tuple(nodes)))
 
     def tips(self, commit: str) -> TipAnswer:
         """Which versions made COMMIT the value of which refs (oldest first)."""
-        rows = db.tips_of(self.conn, commit)
-        return TipAnswer(commit, tuple(rows), Visits(1, 0))
+        return _tip_answer(commit, db.tips_of(self.conn, commit))
+
+    def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
+        """tips() of each of COMMITS, in one query (per 500)."""
+        return {c: _tip_answer(c, rows) for c, rows in db.tips_of_many(self.conn, commits).items()}
 
     def introduced_by(self, commit: str) -> list[int]:
         return db.introduced_by(self.conn, commit)

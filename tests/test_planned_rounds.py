@@ -1,0 +1,197 @@
+"""Negotiation rounds Aspen answers itself: a round without `done` whose
+haves are all known version tips but prove too little gets its
+acknowledgments (plan=acks) -- the same bytes stock sends for it -- and the
+client's next round, with more haves, is planned.
+
+The repository: a short imported history, main pushed once (the client's
+stale tip), then 24 branches cut from the import's main with newer commit
+dates, so that a client's first 16 haves are branch tips, none of them on
+main: no proof from them, while ACKing them makes the client send its stale
+main next. Then main moves on twice."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from . import differential as d
+from . import harness as h
+from . import pushkit as pk
+
+BRANCHES = 24
+CAPS = "multi_ack_detailed no-done side-band-64k thin-pack ofs-delta agent=git/2.39.5"
+
+
+def _import(repo: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", str(repo)],
+                         capture_output=True, text=True, cwd=h.REPO_DIR)
+    assert res.returncode == 0, res.stderr
+
+
+def _posts(log: str) -> list[str]:
+    return [line for line in re.findall(r"service=upload-pack method=POST .*", log) if "plan=" in line]
+
+
+def _objects(repo: Path) -> set[str]:
+    out = h.out("rev-list", "--objects", "--all", cwd=str(repo))
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _commit(work: Path, name: str, clock) -> str:
+    (work / f"{name}.txt").write_text(f"{name}\n" * 40)
+    h.git("add", "-A", cwd=str(work))
+    date = f"{next(clock)} +0000"
+    h.git("commit", "-q", "-m", name, cwd=str(work), env={"GIT_COMMITTER_DATE": date, "GIT_AUTHOR_DATE": date})
+    return h.out("rev-parse", "HEAD", cwd=str(work))
+
+
+class Repo:
+    def __init__(self, server, root: Path, repo: Path, work: Path, client: Path, clock):
+        self.server, self.root, self.repo, self.work, self.client, self.clock = server, root, repo, work, client, clock
+
+    def rev(self, what: str) -> str:
+        return h.out("rev-parse", what, cwd=str(self.repo))
+
+    def post(self, program: str, body: bytes, version: int) -> h.CgiResult:
+        extra = {"HTTP_GIT_PROTOCOL": "version=2"} if version == 2 else {}
+        env = d.post_env(self.root, "repo.git", "upload-pack", body, ASPEN_ACCESS_LOG="1", **extra)
+        return h.aspen(env, body) if program == "aspen" else h.stock(env, body)
+
+
+@pytest.fixture
+def branchy(tmp_path, server_factory) -> Repo:
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = pk.enable_push(h.make_history(root / "repo.git", commits=3, branches=(), tags=False))
+    server = server_factory(root, ASPEN_ACCESS_LOG="1")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    clock = itertools.count(int(time.time()) + 10)
+    _commit(work, "stale", clock)
+    h.git("push", "-q", "origin", "main", cwd=str(work))
+    for i in range(BRANCHES):
+        h.git("checkout", "-q", "-b", f"b{i}", "main~1", cwd=str(work))
+        _commit(work, f"b{i}", clock)
+    h.git("checkout", "-q", "main", cwd=str(work))
+    h.git("push", "-q", "origin", *[f"b{i}" for i in range(BRANCHES)], cwd=str(work))
+    for x in ("x1", "x2"):
+        h.git("checkout", "-q", "-b", x, "main~1", cwd=str(work))
+        _commit(work, x, clock)
+    h.git("checkout", "-q", "main", cwd=str(work))
+    h.git("push", "-q", "--atomic", "origin", "x1", "x2", cwd=str(work))      # one version, two refs
+    client = tmp_path / "client"
+    h.git("clone", "-q", server.url + "/repo.git", str(client))
+    for i in range(2):
+        _commit(work, f"m{i}", clock)
+        h.git("push", "-q", "origin", "main", cwd=str(work))
+    _import(repo)
+    return Repo(server, root, repo, work, client, clock)
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_client_behind_on_main_is_acked_then_planned_like_stock(version, branchy, cgi_server_factory, tmp_path):
+    twin = tmp_path / "twin"
+    shutil.copytree(branchy.client, twin)
+    stock = cgi_server_factory(branchy.root, "stock")
+    h.git("remote", "set-url", "origin", stock.url + "/repo.git", cwd=str(twin))
+    before = len(_posts(branchy.server.log_text()))
+    for c in (branchy.client, twin):
+        h.git("-c", f"protocol.version={version}", "-c", "transfer.fsckObjects=true", "fetch", "-q", "origin",
+              cwd=str(c))
+        h.fsck_strict(str(c))
+    posts = _posts(branchy.server.log_text())[before:]
+    assert len(posts) >= 2, posts
+    assert all("plan=acks why=haves-not-proved" in p for p in posts[:-1]), posts
+    assert "plan=planned" in posts[-1], posts
+    traces = [json.loads(x) for x in re.findall(r"aspen-plan (\{.*\})", branchy.server.log_text())][-len(posts):]
+    assert [t["plan"] for t in traces] == ["acks"] * (len(posts) - 1) + ["planned"]
+    assert all(t["lookups"] >= 16 for t in traces)       # each round looked up at least its 16 haves
+    assert h.out("rev-parse", "origin/main", cwd=str(branchy.client)) == branchy.rev("main")
+    assert h.refs_of(str(branchy.client)) == h.refs_of(str(twin))
+    assert _objects(branchy.client) == _objects(twin)
+
+
+def _branch_tips(r: Repo, n: int = 16) -> list[str]:
+    return [r.rev(f"b{i}") for i in range(BRANCHES - 1, BRANCHES - 1 - n, -1)]
+
+
+def _v2_fetch(wants, haves, done=False) -> bytes:
+    args = [f"want {w}" for w in wants] + ["thin-pack", "ofs-delta", "no-progress"] + [f"have {x}" for x in haves]
+    return d.v2_request("fetch", ["agent=git/2.39.5"], args + (["done"] if done else []))
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_acknowledgments_are_stocks_bytes(version, branchy):
+    haves = _branch_tips(branchy)
+    haves += haves[:1]                    # a have sent twice is ACKed twice, as stock does
+    want = [branchy.rev("main")]
+    body = _v2_fetch(want, haves) if version == 2 else d.v0_request(want, haves, caps=CAPS, done=False)
+    a, s = branchy.post("aspen", body, version), branchy.post("stock", body, version)
+    assert "plan=acks why=haves-not-proved" in _posts(a.stderr.decode(errors="replace"))[-1]
+    assert a.status == s.status == 200
+    assert a.body == s.body
+    ack = "ACK {}\n" if version == 2 else "ACK {} common\n"
+    lines = [d.pkt(ack.format(x)) for x in haves]
+    expected = (d.pkt("acknowledgments\n") + b"".join(lines) + d.FLUSH if version == 2
+                else b"".join(lines) + d.pkt("NAK\n"))
+    assert a.body == expected
+
+
+@pytest.mark.parametrize("version", [0, 2])
+@pytest.mark.parametrize("shape", ["unknown-have", "done"])
+def test_rounds_that_cannot_be_acked_go_to_git(shape, version, branchy):
+    """A round with a have Aspen does not know (v0: any round; v2: one that
+    is not proved), or a `done` round not proved (x1's version moved two
+    refs: nothing below it is proved): git answers, as stock."""
+    if shape == "done":
+        haves = [branchy.rev("x1")]
+    else:
+        haves = _branch_tips(branchy, 15) + ["1" * 40]
+    want = [branchy.rev("main")]
+    done = shape == "done"
+    body = _v2_fetch(want, haves, done) if version == 2 else d.v0_request(want, haves, caps=CAPS, done=done)
+    a, s = branchy.post("aspen", body, version), branchy.post("stock", body, version)
+    why = "unknown-have" if version == 0 and shape == "unknown-have" else "haves-not-proved"
+    assert f"plan=fallback why={why}" in _posts(a.stderr.decode(errors="replace"))[-1]
+    ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
+    assert (ra.control, ra.objects, ra.error) == (rs.control, rs.objects, rs.error)
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_a_done_round_of_acknowledged_branch_tips_is_planned(version, branchy, tmp_path):
+    """The client's last round after acknowledged ones: only branch tips
+    (their ancestors, the stale main among them, are never sent). Each
+    branch's version moved it alone, so its base is the client's: planned,
+    and the pack -- which resends what lies between that base and the
+    client's stale main -- completes the client like stock's."""
+    haves = _branch_tips(branchy)
+    want = [branchy.rev("main")]
+    body = _v2_fetch(want, haves, done=True) if version == 2 else d.v0_request(want, haves, caps=CAPS, done=True)
+    a, s = branchy.post("aspen", body, version), branchy.post("stock", body, version)
+    assert "plan=planned" in _posts(a.stderr.decode(errors="replace"))[-1]
+    ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
+    assert ra.control == rs.control and not ra.error
+    assert ra.objects >= rs.objects
+    client = tmp_path / "client.git"
+    shutil.copytree(branchy.client / ".git", client)
+    h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=ra.pack)
+    h.git("update-ref", "refs/heads/fetched", want[0], cwd=str(client))
+    h.fsck_strict(str(client))
+
+
+def test_v2_sideband_all_goes_to_git(branchy):
+    """sideband-all frames every section on band 1, and stock refuses it
+    unless allowed: git answers, as stock (here: refused)."""
+    args = [f"want {branchy.rev('main')}", "thin-pack", "ofs-delta", "sideband-all", f"have {branchy.rev('main~1')}"]
+    body = d.v2_request("fetch", ["agent=git/2.39.5"], args + ["done"])
+    a, s = branchy.post("aspen", body, 2), branchy.post("stock", body, 2)
+    assert "plan=fallback why=sideband-all" in _posts(a.stderr.decode(errors="replace"))[-1]
+    assert (a.status, a.body) == (s.status, s.body)
