@@ -187,6 +187,8 @@ def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
     why = req.needs_fallback_reason
     if why is not None:
         return why
+    if shallow_roots(ctx.gitdir):
+        return "shallow-repository"     # its answers carry shallow lines; stored packs know none
     if ctx.protocol_version != 2:
         return _v0_reason(req)
     if req.want_refs or req.packfile_uris or req.wait_for_done:
@@ -233,7 +235,7 @@ def _plan(ctx, req: FetchRequest, history):
     advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
     t0 = time.perf_counter()
     try:
-        result = plan(req, history, advertised, _annotated_tags(ctx, snap))
+        result = plan(req, history, advertised, _annotated_tags(ctx, snap), _visibility(ctx, snap))
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored pack index unusable ({e}); git answers\n")
         result = Fallback("pack-error")
@@ -242,6 +244,21 @@ def _plan(ctx, req: FetchRequest, history):
                      versions_visited=result.versions_visited, segments_visited=result.segments_visited,
                      lookups=result.lookups)
     return result
+
+
+def _visibility(ctx, snap: RefSnapshot):
+    """None when the client may see every ref of the repository; else the
+    test of a stored (full) ref name: inside the namespace and not hidden."""
+    hidden = HiddenRefs.from_config(ctx.config, "uploadpack")
+    prefix = snap.namespace_prefix
+    if not prefix and not hidden:
+        return None
+
+    def visible(full: str) -> bool:
+        if not full.startswith(prefix):
+            return False
+        return not hidden.hidden(full[len(prefix):], full)
+    return visible
 
 
 def _annotated_tags(ctx, snap: RefSnapshot) -> dict[str, str]:

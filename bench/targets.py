@@ -2,7 +2,8 @@
 own copy of the repositories and each behind its own CountingProxy.
 
 Target specs (the names `running()` takes):
-- `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`;
+- `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`,
+                  version packs off (ASPEN_VERSION_PACKS=off): every fetch is git's;
 - `aspen-packs`   the same, with version packs: `aspen import` over its copy
                   before it starts, and each push builds its pack in the
                   background (ASPEN_VERSION_PACKS=auto), so fetches can be
@@ -336,8 +337,8 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         subprocess.run(["chmod", "-R", "a+rwX", str(repos)], check=True)
     if name in ("aspen", "aspen-packs"):
         extra = {"ASPEN_ACCESS_LOG": "1"}
+        extra["ASPEN_VERSION_PACKS"] = "off" if name == "aspen" else "auto"
         if name == "aspen-packs":
-            extra["ASPEN_VERSION_PACKS"] = "auto"
             for gitdir in sorted(p.parent for p in Path(repos).rglob("HEAD") if (p.parent / "objects").is_dir()):
                 subprocess.run([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", str(gitdir)], check=True,
                                cwd=str(PROJECT), stdout=subprocess.DEVNULL)

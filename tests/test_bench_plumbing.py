@@ -425,7 +425,7 @@ def test_procstats_precise_counts_live_threads_in_ns():
     finally:
         proc.kill()
         proc.wait()
-    assert 0 <= threads.cpu_s < 0.3
+    assert 0 <= threads.cpu_s < 0.5        # a last sample may still have caught the spinning thread
     assert child.cpu_s > 0.2
 
 

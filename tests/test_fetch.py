@@ -1,8 +1,9 @@
 """Real git clients fetching from Aspen (gunicorn on loopback), each scenario
 run the same way against stock git-http-backend (tests/cgiserver.py) and
-compared: refs, HEAD and the set of objects the client ends up with. Every
-scenario runs with the client's transfer.fsckObjects false and true, and the
-client repository must pass `git fsck --strict`."""
+compared: refs, HEAD and the set of objects the client ends up with
+(reachable or not). Every scenario runs with the client's
+transfer.fsckObjects false and true, against Aspen with version packs off
+and on, and the client repository must pass `git fsck --strict`."""
 
 from __future__ import annotations
 
@@ -109,10 +110,12 @@ class Servers:
         return self.root / name
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+@pytest.fixture(scope="module", params=["off", "auto"], ids=["packs-off", "packs-on"])
+def servers(tmp_path_factory, request):
     """Aspen (gunicorn) and stock (CGI) over one ROOT holding repositories
-    that differ in configuration."""
+    that differ in configuration; Aspen once with version packs off (every
+    fetch is git's) and once on (a fetch starts the builder, waits for it,
+    and is planned from stored packs where the planner proves it can be)."""
     root = tmp_path_factory.mktemp("fetch") / "root"
     root.mkdir()
     base = build_repo(root / "repo.git")
@@ -138,9 +141,10 @@ def servers(tmp_path_factory):
     h.git("symbolic-ref", "refs/namespaces/team/HEAD", "refs/namespaces/team/refs/heads/main", cwd=str(ns))
     s = Servers(root)
     started = []
-    aspen = h.Server(root, {}).start()
+    packs = {"ASPEN_VERSION_PACKS": request.param, "ASPEN_ACCESS_LOG": "1"}
+    aspen = h.Server(root, packs).start()
     stock = CgiServer(root, {}, "stock").start()
-    aspen_ns = h.Server(root, {"GIT_NAMESPACE": "team"}).start()
+    aspen_ns = h.Server(root, {"GIT_NAMESPACE": "team", **packs}).start()
     stock_ns = CgiServer(root, {"GIT_NAMESPACE": "team"}, "stock").start()
     started += [aspen, stock, aspen_ns, stock_ns]
     s.urls = {"aspen": aspen.url, "stock": stock.url}

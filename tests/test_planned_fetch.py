@@ -165,3 +165,38 @@ def test_fetch_right_after_a_push_waits_for_its_pack(kind, root, server_factory,
         h.fsck_strict(str(client))
         assert h.out("rev-parse", "origin/main", cwd=str(client)) == h.out("rev-parse", "main", cwd=str(repo))
         assert "plan=planned" in _plans(server)[-1], (url, _plans(server)[-1])
+
+
+def test_hidden_refs_objects_never_sent_from_stored_packs(root, server_factory, cgi_server_factory, tmp_path):
+    """A stored pack of a version that wrote a hidden ref (the import, here)
+    may hold objects only that ref reaches: a clone needing it goes to git
+    (why=invisible-ref) and gets exactly stock's objects, without the secret;
+    a fetch of a later push to a visible branch is still planned."""
+    repo = pk.enable_push(root / "repo.git")
+    h.git("config", "uploadpack.hideRefs", "refs/secret", cwd=str(repo))
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], input=b"the secret\n", cwd=str(repo),
+                          capture_output=True, check=True).stdout.decode().strip()
+    tree = subprocess.run(["git", "mktree"], input=f"100644 blob {blob}\tsecret.txt\n".encode(), cwd=str(repo),
+                          capture_output=True, check=True).stdout.decode().strip()
+    secret = h.out("commit-tree", tree, "-m", "secret", cwd=str(repo))
+    h.git("update-ref", "refs/secret/x", secret, cwd=str(repo))
+    _import(repo)
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto")
+    stock = cgi_server_factory(root, "stock")
+    a, s = tmp_path / "a.git", tmp_path / "s.git"
+    _clone(server.url + "/repo.git", a, 2)
+    _clone(stock.url + "/repo.git", s, 2)
+    assert "plan=fallback why=invisible-ref" in _plans(server)[-1]
+    assert _objects(a) == _objects(s)
+    for obj in (secret, blob):
+        assert h.git("cat-file", "-e", obj, cwd=str(a), check=False).returncode != 0
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    (work / "visible.txt").write_text("visible\n")
+    pk.commit(work, "visible")
+    h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    h.git("-c", "protocol.version=2", "fetch", "-q", "origin", cwd=str(a))
+    assert "plan=planned" in _plans(server)[-1]
+    h.fsck_strict(str(a))
+    assert h.out("rev-parse", "refs/heads/main", cwd=str(a)) == h.out("rev-parse", "main", cwd=str(repo))
+    assert h.git("cat-file", "-e", secret, cwd=str(a), check=False).returncode != 0

@@ -1,11 +1,13 @@
 """Segment packs end to end: a history of ~50 versions pushed through Aspen
-over HTTP (branches made and deleted, force-pushes, annotated tags, an
-out-of-band `git update-ref`), compacted by `aspen import` half-way and at
-the end. The segment packs recorded follow the binary schedule and hold
+over HTTP (branches made, annotated tags, an out-of-band `git update-ref`),
+compacted by `aspen import` half-way and at the end. The segment packs recorded follow the binary schedule and hold
 what their versions' refs reach beyond the refs before them; a protocol v2
 mirror clone (strict client) is planned from O(log N) stored extents and
 equals stock's clone; runs a larger one replaced are gone from disk; a
-segment pack gone missing sends the clone to git, still correct."""
+segment pack gone missing sends the clone to git, still correct. Once a
+branch is deleted or main rewound, runs hold objects no ref reaches now: the
+clone is no longer the cover, and the client still ends with exactly
+stock's objects."""
 
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ def _objects(repo: Path, *revs: str) -> set[str]:
 
 
 def _all_objects(repo: Path) -> set[str]:
-    out = h.out("rev-list", "--objects", "--all", cwd=str(repo))
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    """Every object in REPO, reachable or not."""
+    out = h.out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=str(repo))
+    return set(out.split())
 
 
 def _pack_objects(idx: Path) -> set[str]:
@@ -95,7 +98,10 @@ def _edit(rng: random.Random, work: Path, tag: str) -> None:
     h.git("commit", "-q", "-m", tag, cwd=str(work))
 
 
-def _push_history(rng: random.Random, work: Path, repo: Path, steps: range, features: list[str]) -> None:
+def _push_history(rng: random.Random, work: Path, repo: Path, steps: range, features: list[str],
+                  rewrites: bool = False) -> None:
+    """REWRITES: also delete branches and rewind main (then a full clone is
+    no longer the segment cover: runs hold objects no ref reaches now)."""
     def git(*args: str) -> None:
         h.git(*args, cwd=str(work))
     for step in steps:
@@ -106,9 +112,9 @@ def _push_history(rng: random.Random, work: Path, repo: Path, steps: range, feat
             _edit(rng, work, name)
             git("push", "-q", "origin", name)
             features.append(name)
-        elif step % 10 == 6 and features:                   # a branch deleted
+        elif step % 10 == 6 and features and rewrites:      # a branch deleted
             git("push", "-q", "origin", f":refs/heads/{features.pop(0)}")
-        elif step % 10 == 8:                                # main rewound and rewritten
+        elif step % 10 == 8 and rewrites:                   # main rewound and rewritten
             git("reset", "-q", "--hard", "HEAD~1")
             _edit(rng, work, f"rewrite{step}")
             git("push", "-q", "--force", "origin", "HEAD:main")
@@ -119,7 +125,7 @@ def _push_history(rng: random.Random, work: Path, repo: Path, steps: range, feat
             main = h.out("rev-parse", "main", cwd=str(repo))
             if step == 14:
                 h.git("update-ref", "refs/heads/outside", f"{main}~1", cwd=str(repo))
-            else:
+            elif rewrites:
                 h.git("update-ref", "-d", "refs/heads/outside", cwd=str(repo))
             _edit(rng, work, f"s{step}")
             git("push", "-q", "origin", "HEAD:main")
@@ -310,3 +316,26 @@ def test_verify_checks_the_runs_and_the_sweep_clears_what_crashed_builders_left(
     assert store.sweep_packs() == [str(dead)]      # pack files no row names are kept for an hour
     assert sorted(store.sweep_packs(min_age=0)) == sorted(str(o) for o in orphans)
     assert mine.exists() and all(k.exists() for k in kept)
+
+
+def test_after_deletes_and_rewinds_a_clone_holds_exactly_stocks_objects(root, cgi_server_factory, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    server = h.Server(root, {"ASPEN_ACCESS_LOG": "1"}).start()
+    try:
+        work = tmp_path / "work"
+        h.git("clone", "-q", server.url + "/repo.git", str(work))
+        _push_history(random.Random(7), work, repo, range(30), [], rewrites=True)
+        _store(repo)
+        _import(repo)
+        client, other = tmp_path / "client.git", tmp_path / "stock.git"
+        _clone(server.url + "/repo.git", client)
+        last = _fetch_lines(server)[-1]
+        stock = cgi_server_factory(repo.parent, "stock")
+        _clone(stock.url + "/repo.git", other)
+        h.fsck_strict(str(client))
+        assert h.refs_of(str(client)) == h.refs_of(str(repo)) == h.refs_of(str(other))
+        assert _all_objects(client) == _all_objects(other)
+        assert "plan=fallback why=extra-objects" in last or "plan=planned" in last, last
+        assert not re.search(r"extents=[1-7] ", last), last        # not the O(log N) cover
+    finally:
+        server.stop()

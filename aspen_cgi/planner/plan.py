@@ -36,11 +36,23 @@ held like any other, until no needed pack sends a peeled object without
 its tag. A tag only the import version holds, for a client with haves,
 falls back.
 
+Exactness: a version pack holds everything its version introduced, which
+may be more than the wants reach (another branch the import held, a tag
+pushed with a commit, commits later rewound). A plan is made only when the
+client ends with exactly the objects a stock fetch leaves it with: every
+needed version's new values proved in the closure of the wants and haves
+(rules 1-3, the wants counted as haves; a tag include-tag sends counts by
+its peeled object; a version proved so adds its boundary to that closure),
+else EXTRA_OBJECTS; and, when some refs are hidden from the client
+(hideRefs, a namespace), no needed version wrote one (INVISIBLE_REF).
+
 A full clone (no haves) of every ref value of the latest version N is the
 import pack, then segment packs and version packs partitioning versions
 2 … N (the longest built segment first, `cover()`): each extent holds what
 its versions' refs reach beyond the refs before them, with delta bases only
-in earlier extents, so the splice is complete in O(log N) extents.
+in earlier extents, so the splice is complete in O(log N) extents; used
+only while no ref was deleted or moved other than forward since the import
+(then every run's objects are reachable from the refs at N).
 
 Counts: `versions_visited` is the number of distinct versions whose records
 the planner read (tips rows, introduced-by rows, packs and boundaries, the
@@ -52,12 +64,14 @@ nodes and segment packs, `lookups` the questions asked of the history
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Collection, Mapping, Optional, Protocol, Sequence
 
 from ..protocol.requests import FetchRequest
 from ..refstore.model import AncestryAnswer, CloneView, TipAnswer, Visits
 
 UNPROVED = "haves-not-proved"
+EXTRA_OBJECTS = "extra-objects"    # stored packs hold objects stock's answer would not leave the client with
+INVISIBLE_REF = "invisible-ref"     # a needed pack may hold objects of a ref this client may not see
 
 PackInfo = tuple[str, tuple[str, ...], tuple[str, ...]]
 
@@ -71,6 +85,8 @@ class History(Protocol):
         """(pack name or "" when empty, boundary commits, refs it updated); None if not built."""
     def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
         """Which of OIDS the stored pack NAME holds."""
+    def version_values(self, version: int) -> tuple[str, ...]:
+        """The values VERSION wrote (deletions left out)."""
     def all_packs_built(self) -> bool: ...
     def clone_view(self) -> Optional[CloneView]:
         """The latest version's ref values and the segment packs built; None while a version has no pack."""
@@ -128,23 +144,29 @@ SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "si
 
 
 def plan(req: FetchRequest, history: History, advertised: frozenset[str],
-         tags: Optional[Mapping[str, str]] = None) -> Plan | Fallback:
+         tags: Optional[Mapping[str, str]] = None,
+         visible: Optional[Callable[[str], bool]] = None) -> Plan | Fallback:
     """ADVERTISED: every object the client may want (visible ref values and
     their peeled objects); TAGS: each annotated refs/tags/* value (every one
-    git's include-tag looks at, hidden or not) -> its peeled object."""
+    git's include-tag looks at, hidden or not) -> its peeled object;
+    VISIBLE: given when some refs are not this client's to see (hideRefs, a
+    namespace): a stored pack of a version that wrote a ref it rejects may
+    hold objects only that ref reaches, so such a plan goes to git."""
     reason = _request_reason(req, advertised)
     if reason:
         return Fallback(reason)
     if not history.all_packs_built():
         return Fallback("not-built")
     count = _Count()
-    if not req.haves:
+    if not req.haves and visible is None:
         whole = _clone(req, history, count)
         if whole is not None:
             return whole
     walk = _Walk(history, count, req.haves, final=req.done)
     why = (walk.want(req.wants) or walk.discharge() or walk.unproved()
-           or _include_tags(req, tags or {}, walk) or walk.unproved())
+           or _include_tags(req, tags or {}, walk) or walk.unproved()
+           or (walk.invisible(visible) if visible is not None else None)
+           or _exact(req, tags or {}, walk))
     return count.fallback(why) if why else walk.plan()
 
 
@@ -298,6 +320,14 @@ class _Walk:
         """A client with history would get the whole repository: git negotiates better."""
         return UNPROVED if 1 in self.needed and self.haves else None
 
+    def invisible(self, visible: Callable[[str], bool]) -> Optional[str]:
+        """INVISIBLE_REF when a needed version wrote a ref VISIBLE rejects."""
+        for v in self.needed:
+            info = self.pack(v)
+            if info is None or not all(visible(ref) for ref in info[2]):
+                return INVISIBLE_REF
+        return None
+
     def holder(self, c: str) -> int:
         """The version whose pack holds commit C: the first that introduced it
         (every built version records what it introduced), else the import
@@ -345,6 +375,47 @@ def _include_tags(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Op
     return None
 
 
+def _exact(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[str]:
+    """EXTRA_OBJECTS unless every object the plan sends is one stock's answer
+    leaves the client with: a version pack holds what its new values reach,
+    so each needed version's values must be in the closure of the wants and
+    haves (rules 1-3, with the wants counted as haves), or be a tag
+    include-tag sends (its peeled object so proved). A version proved so has
+    its boundary in that closure too (its commits are ancestors of its
+    values), which proves the holders below it. Then the client ends with
+    exactly the objects and, following tags by the objects it has, the tags a
+    stock fetch gives it."""
+    closure = sorted(set(req.wants) | walk.haves)
+    reach = _Walk(walk.history, walk.count, closure, final=False)
+    include_tag = req.has_capability("include-tag")
+    todo = sorted(walk.needed, reverse=True)
+    while todo:
+        left = []
+        for v in todo:
+            values = walk.history.version_values(v)
+            walk.count.read(Visits(version_ids=(v,)))
+            if all(_reached(x, reach, tags, include_tag) for x in values):
+                info = walk.pack(v)
+                fresh = [c for c in (info[1] if info else ()) if c not in reach.haves]
+                reach.haves.update(fresh)
+                reach.learn(reach.tips_many(fresh))
+            else:
+                left.append(v)
+        if len(left) == len(todo):
+            return EXTRA_OBJECTS
+        todo = left
+    return None
+
+
+def _reached(x: str, reach: _Walk, tags: Mapping[str, str], include_tag: bool) -> bool:
+    if x in reach.haves:
+        return True
+    peeled = tags.get(x)
+    if peeled is not None:
+        return include_tag and _reached(peeled, reach, tags, include_tag)
+    return reach.proved_by_rules(x)
+
+
 def _need_tag(walk: _Walk, tag: str) -> Optional[str]:
     """Need a version whose pack holds TAG: each that made it a ref value
     does (tag objects are reachable from no boundary commit); the latest,
@@ -383,7 +454,7 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
     and nothing else; None leaves the request to the version walk."""
     view = history.clone_view()
     count.lookups += 1
-    if view is None:
+    if view is None or not view.monotone:
         return None
     wants = set(req.wants)
     if not wants <= view.values | view.peeled or not view.values <= wants:

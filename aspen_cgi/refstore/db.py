@@ -229,6 +229,21 @@ def version_updates(conn: Conn, version: int) -> list[tuple[str, str, str, int, 
                              (version,)))
 
 
+def version_values(conn: Conn, version: int) -> list[str]:
+    """The values VERSION wrote (deletions left out)."""
+    return [r[0] for r in conn.execute("SELECT DISTINCT new FROM updates WHERE version = ? AND new != ?",
+                                       (version, "0" * 40))]
+
+
+def rewritten_since(conn: Conn, version: int) -> bool:
+    """Did any update from VERSION on delete a ref or move it other than
+    forward (external versions record every change of a value as not
+    fast-forward; creations are neither)?"""
+    zero = "0" * 40
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM updates WHERE version >= ? AND old != ?"
+                        " AND (new = ? OR ff = 0))", (version, zero, zero)).fetchone()[0] == 1
+
+
 def void_update(conn: Conn, version: int, ref: str) -> None:
     """VERSION never moved REF on disk: its update becomes a no-op and REF's tips from it go."""
     conn.execute("UPDATE updates SET new = old, ff = 1 WHERE version = ? AND ref = ?", (version, ref))

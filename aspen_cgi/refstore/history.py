@@ -47,6 +47,9 @@ class StoreHistory:
         (name, _, _), boundary = got
         return name, tuple(boundary), self.store.version_refs(version)
 
+    def version_values(self, version: int) -> tuple[str, ...]:
+        return self.store.version_values(version)
+
     def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
         """Which of OIDS (hex) the stored pack NAME holds, by bisecting its
         `.idx`; raises PackError when the index cannot be read."""

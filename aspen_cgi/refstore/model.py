@@ -133,8 +133,11 @@ class SegmentPack:
 @dataclass(frozen=True)
 class CloneView:
     """What a full clone at VERSION can be planned from: the direct refs'
-    values then (and their peeled targets), and the segment packs built."""
+    values then (and their peeled targets), the segment packs built, and
+    whether every ref only moved forward since the import (then every
+    earlier state's objects are reachable from this one)."""
     version: int
     values: frozenset[str]
     peeled: frozenset[str]
     segments: tuple[SegmentPack, ...]
+    monotone: bool = True        # no ref deleted or moved other than forward since the import

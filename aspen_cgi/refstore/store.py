@@ -442,6 +442,9 @@ class RefStore:
     def all_packs_built(self) -> bool:
         return not db.versions_without_pack(self.conn, 1)
 
+    def version_values(self, version: int) -> tuple[str, ...]:
+        return tuple(db.version_values(self.conn, version))
+
     def version_refs(self, version: int) -> tuple[str, ...]:
         return tuple(r for r, *_ in db.version_updates(self.conn, version))
 
@@ -542,9 +545,10 @@ class RefStore:
                 return None
             rows = db.all_refs(conn)
             segs = db.segment_packs(conn)
+            monotone = not db.rewritten_since(conn, 2)
         direct = [r for r in rows if r.symref is None and r.oid]
         return CloneView(latest, frozenset(r.oid for r in direct), frozenset(r.peeled for r in direct if r.peeled),
-                         tuple(SegmentPack(*row) for row in segs))
+                         tuple(SegmentPack(*row) for row in segs), monotone)
 
     # -- history queries ------------------------------------------------------------------------
 
