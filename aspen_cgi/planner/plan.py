@@ -55,10 +55,11 @@ only while no ref was deleted or moved other than forward since the import
 (then every run's objects are reachable from the refs at N).
 
 Counts: `versions_visited` is the number of distinct versions whose records
-the planner read (tips rows, introduced-by rows, packs and boundaries, the
-ancestry queries' update rows), `segments_visited` the distinct segment
-nodes and segment packs, `lookups` the questions asked of the history
-(each commit's tips one, even when the haves are looked up in one batch).
+the proof read (introduced-by rows, packs and boundaries, the values a
+version wrote, the ancestry queries' update rows), `segments_visited` the
+distinct segment nodes and segment packs, `lookups` the questions asked of
+the history, among them one tips-index probe per commit asked about (every
+have and want: their number is the client's, not the history's).
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ class _Count:
         self.lookups += 1
         self.versions.update(visits.version_ids)
         self.segments.update(("node",) + s for s in visits.segment_ids)
+
+    def look_up(self) -> None:
+        """One tips-index lookup: an index probe per commit asked about (every
+        have and want among them), counted as a lookup, not as a visit."""
+        self.lookups += 1
 
     def fallback(self, reason: str) -> Fallback:
         return Fallback(reason, len(self.versions), len(self.segments), self.lookups)
@@ -209,7 +215,7 @@ class _Walk:
         ans = self.tip_answers.get(commit)
         if ans is None:
             ans = self.tip_answers[commit] = self.history.tips(commit)
-            self.count.read(ans.visits)
+            self.count.look_up()
         return ans
 
     def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
@@ -217,7 +223,7 @@ class _Walk:
         if todo:
             for c, ans in self.history.tips_many(todo).items():
                 self.tip_answers[c] = ans
-                self.count.read(ans.visits)
+                self.count.look_up()
         return {c: self.tip_answers[c] for c in commits}
 
     def introduced_by(self, commit: str) -> list[int]:
