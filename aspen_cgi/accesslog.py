@@ -17,13 +17,14 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     ms = (time.monotonic() - started) * 1000
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
-    for key in ("version", "plan", "why", "plan_us", "visits", "extents", "commands", "objects", "push"):
+    for key in ("version", "cache", "queued_ms", "plan", "why", "plan_us", "visits", "extents", "commands",
+                "objects", "push"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
 
 
-PLAN_KEYS = ("protocol", "plan", "why", "versions_visited", "segments_visited", "lookups", "extents", "objects",
+PLAN_KEYS = ("protocol", "cache", "plan", "why", "versions_visited", "segments_visited", "lookups", "extents", "objects",
              "plan_us")
 
 
@@ -80,6 +81,36 @@ class Counted:
                 self.errors.flush()
             except (OSError, ValueError):
                 pass
+
+
+class CountedFile:
+    """A file body for wsgi.file_wrapper (sendfile) that writes the access
+    line when the server closes it: wrapping it in Counted would hide the
+    file from the server."""
+
+    def __init__(self, file, size: int, counted: "Counted"):
+        self.file = file
+        self.size = size
+        self.counted = counted
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.file.read(n)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def close(self) -> None:
+        self.file.close()
+        self.counted.nbytes = self.size
+        self.counted.body = ()
+        self.counted.close()
 
 
 def write_messages(errors: IO[str], messages: Iterable[str]) -> None:

@@ -1,6 +1,6 @@
 """`aspen`: the operator's command line. `dev` serves repositories; `log`,
 `verify`, `compact`, `import` and `query` read and maintain a repository's
-ref store and version packs."""
+ref store and version packs; `stats` reports the response cache."""
 
 from __future__ import annotations
 
@@ -154,6 +154,48 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0 if t.tips else 1
 
 
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from . import admission
+    from .cache import evict, responses, stats
+    from .refstore.store import state_dir
+    rows = []
+    for repo in args.repo:
+        gitdir = os.path.abspath(repo)
+        if not os.path.isfile(os.path.join(gitdir, "HEAD")):
+            raise SystemExit(f"aspen: not a git repository: {repo}")
+        settings = responses.settings(state_dir(gitdir, os.environ), os.environ)
+        if settings is None:
+            rows.append({"repo": repo, "cache": "off"})
+            continue
+        c = stats.totals(settings.directory) if os.path.isdir(settings.directory) else stats.Counters()
+        items = evict.entries(settings.directory)
+        rows.append({"repo": repo, "cache_dir": settings.directory, "requests": c.requests,
+                     "hit_rate": round(c.hit_rate, 4), "hits": c.counts["hit"], "shared": c.counts["shared"],
+                     "cold": c.counts["cold"], "uncached": c.counts["uncached"], "prewarmed": c.counts["prewarm"],
+                     "bytes_from_cache": c.bytes["hit"] + c.bytes["shared"],
+                     "bytes_computed": c.bytes["cold"] + c.bytes["uncached"], "evictions": c.counts["evicted"],
+                     "evicted_bytes": c.bytes["evicted"], "abandoned": c.counts["abandoned"],
+                     "entries": len(items), "entry_bytes": sum(e.size for e in items),
+                     "max_bytes": settings.max_bytes})
+    g = admission.gauges(admission.limits(os.environ))
+    server = {"cold_running": g.running, "queue_depth": g.queued}
+    if args.json:
+        print(json.dumps({"repositories": rows, "server": server}, indent=2))
+        return 0
+    for r in rows:
+        if r.get("cache") == "off":
+            print(f"{r['repo']}: cache off (ASPEN_CACHE=off)")
+            continue
+        print(f"{r['repo']}:")
+        print(f"  requests {r['requests']}  hit rate {r['hit_rate']:.1%}  (hit {r['hits']}, shared {r['shared']}, "
+              f"cold {r['cold']}, uncached {r['uncached']}, pre-warmed {r['prewarmed']})")
+        print(f"  bytes served from cache {r['bytes_from_cache']:,}  computed {r['bytes_computed']:,}")
+        print(f"  entries {r['entries']} ({r['entry_bytes']:,} of {r['max_bytes']:,} bytes)  "
+              f"evictions {r['evictions']} ({r['evicted_bytes']:,} bytes)  abandoned {r['abandoned']}")
+    print(f"server: cold computations running {server['cold_running']}, queue depth {server['queue_depth']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aspen", description="Aspen: a drop-in replacement for git http-backend.")
     parser.add_argument("--version", action="version", version=f"aspen {__version__}")
@@ -224,6 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("repo", help="path of the repository")
     query.add_argument("args", nargs="*", help="REF J K for ancestor, COMMIT for tip")
     query.set_defaults(func=_cmd_query)
+
+    st = sub.add_parser("stats", help="response cache and admission figures",
+                        description="For each repository: requests answered through the response cache, the hit "
+                                    "rate (hits and shared over all), bytes served from the cache and computed, "
+                                    "cold computations, pre-warmed requests, entries and evictions; and for this "
+                                    "machine the cold computations running and the admission queue depth "
+                                    "(ASPEN_RUN_DIR). Counts are those of every process that served the "
+                                    "repository since its cache was made.")
+    st.add_argument("repo", nargs="+", help="path of a repository")
+    st.add_argument("--json", action="store_true", help="print the figures as JSON")
+    st.set_defaults(func=_cmd_stats)
     return parser
 
 

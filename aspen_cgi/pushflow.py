@@ -153,10 +153,13 @@ class Push:
             yield pktline.FLUSH
 
     def _build_packs_later(self) -> None:
+        from .cache import prewarm
         from .packs import background
         store = self.ctx.refstore()
         if store is not None and background.enabled(self.ctx.env):
             background.kick(self.gitdir, store.packs_dir, self.ctx.env)
+        if store is not None:
+            prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
 
     # -- pack intake ------------------------------------------------------------
 

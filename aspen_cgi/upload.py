@@ -21,6 +21,7 @@ from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
 from .protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
 from .memo import Memo
+from .http.message import HttpError
 from .packs import background
 from .refs import HiddenRefs, RefSnapshot, shallow_roots
 from .repoconfig import ConfigError, parse_bool
@@ -131,17 +132,94 @@ def _ls_refs_lines(ctx, req: LsRefsRequest, snap: RefSnapshot) -> Iterator[bytes
     yield pktline.FLUSH
 
 
-def git_upload_pack(ctx, data: bytes) -> Iterable[bytes]:
-    """The fallback responder: git's upload-pack, stateless, with the request as it came."""
-    return gitexec.git_stream(["upload-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env, input=data)
+def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Iterable[bytes]:
+    """The fallback responder: git's upload-pack, stateless, with the request
+    as it came, once admission control gives it a slot (503 past the queue).
+    A depth-1 clone's pack is made with a wider delta search and
+    recompressed (packhook): built once, served to the whole storm."""
+    from . import admission, packhook
+    try:
+        slot = admission.acquire(admission.limits(ctx.env), ctx.gitdir)
+    except admission.Overloaded as e:
+        ctx.trace["cache"] = "overloaded"
+        raise HttpError(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
+                        extra=[("Retry-After", str(e.retry_after))],
+                        body=b"Too many requests are waiting; retry later.\n") from None
+    if slot.waited_s:
+        ctx.trace["queued_ms"] = round(slot.waited_s * 1000)
+    try:
+        wide = packhook.upload_pack_config() if req is not None and packhook.wants_wide_pack(req, ctx.env) else []
+        stream = gitexec.git_stream([*wide, "upload-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env,
+                                    input=data)
+    except BaseException:
+        slot.release()
+        raise
+    return _Admitted(stream, slot)
+
+
+class _Admitted:
+    """git's output stream, holding its admission slot until it ends."""
+
+    def __init__(self, stream: gitexec.Stream, slot):
+        self.stream = stream
+        self.slot = slot
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self.stream
+        finally:
+            self.slot.release()
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.stream.returncode
+
+    def close(self) -> None:
+        self.stream.close()
+        self.slot.release()
 
 
 def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
+    """The answer through the response cache (hit, shared, cold), or computed
+    here when the cache is off."""
+    from .cache import responses
+    from .refstore.store import state_dir
+    settings = responses.settings(state_dir(ctx.gitdir, ctx.env), ctx.env)
+    if settings is None:
+        return compute(ctx, req, data)
+    answer = responses.answer(settings, _cache_key(ctx, data), lambda: compute(ctx, req, data), ctx.log)
+    ctx.trace["cache"] = answer.mark
+    if isinstance(answer.body, responses.EntryFile):
+        from .http.dumb import FileBody
+        return FileBody(answer.body.file, answer.body.length)
+    return answer.body
+
+
+def _cache_key(ctx, data: bytes):
+    from .cache.key import fetch_key
+    store = ctx.refstore()
+    snap = _snapshot(ctx)
+    refs_digest = _memo.get(snap, ("digest",), lambda: _digest(snap)).decode()
+    extra = [f"{k}={v}" for k, v in sorted(ctx.env.items())
+             if k.startswith("GIT_CONFIG") or k == "GIT_TEST_SIDEBAND_ALL"]
+    return fetch_key(ctx.gitdir, store.version if store is not None else 0, refs_digest, ctx.protocol_version,
+                     ctx.namespace, ctx.config.entries, shallow_roots(ctx.gitdir), extra, data)
+
+
+def _digest(snap: RefSnapshot) -> bytes:
+    import hashlib
+    h = hashlib.sha256(repr((snap.head, snap.head_target, snap.namespace_prefix)).encode())
+    for r in snap.refs:
+        h.update(f"{r.name}\0{r.oid}\0{r.peeled}\0{r.symref_target}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest().encode()
+
+
+def compute(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     """A planned answer from stored packs when the planner proves one, else git's."""
     planned = _planned(ctx, req)
     if planned is not None:
         return planned
-    return git_upload_pack(ctx, data)
+    return git_upload_pack(ctx, data, req)
 
 
 def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:

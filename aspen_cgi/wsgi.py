@@ -8,7 +8,7 @@ import os
 import time
 from typing import Callable, Iterable
 
-from .accesslog import Counted, enabled, write_messages
+from .accesslog import Counted, CountedFile, enabled, write_messages
 from .http import dumb
 from .http.backend import handle
 from .http.message import Request
@@ -50,8 +50,9 @@ def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
     headers = [(k, v) for k, v in resp.headers if k != "Status"]
     start_response(f"{resp.status} {resp.reason}", headers)
     body = resp.body
+    counted = Counted(body, errors, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
+                      resp.status, resp.trace, started, enabled(env), resp.late)
     wrapper = environ.get("wsgi.file_wrapper")
     if wrapper is not None and isinstance(body, dumb.FileBody):
-        body = wrapper(body.file, 65536)
-    return Counted(body, errors, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
-                   resp.status, resp.trace, started, enabled(env), resp.late)
+        return wrapper(CountedFile(body.file, body.size, counted), 65536)
+    return counted

@@ -4,6 +4,8 @@ own copy of the repositories and each behind its own CountingProxy.
 Target specs (the names `running()` takes):
 - `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`,
                   version packs off (ASPEN_VERSION_PACKS=off): every fetch is git's;
+                  the response cache off unless env sets ASPEN_CACHE (the
+                  CLI turns it on for the storm workloads);
 - `aspen-packs`   the same, with version packs: `aspen import` over its copy
                   before it starts, and each push builds its pack in the
                   background (ASPEN_VERSION_PACKS=auto), so fetches can be
@@ -336,7 +338,7 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
     if name == "stock-apache":
         subprocess.run(["chmod", "-R", "a+rwX", str(repos)], check=True)
     if name in ("aspen", "aspen-packs"):
-        extra = {"ASPEN_ACCESS_LOG": "1"}
+        extra = {"ASPEN_ACCESS_LOG": "1", "ASPEN_CACHE": "off", "ASPEN_RUN_DIR": str(tdir / "run")}
         extra["ASPEN_VERSION_PACKS"] = "off" if name == "aspen" else "auto"
         if name == "aspen-packs":
             for gitdir in sorted(p.parent for p in Path(repos).rglob("HEAD") if (p.parent / "objects").is_dir()):

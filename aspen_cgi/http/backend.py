@@ -252,8 +252,10 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
         from .. import receive as service
         body_obj = Body(req.input, length, gzip)
         stream = service.serve(ctx, body_obj)
-    primed = _primed(iter(stream), body_obj)
     hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
+    if isinstance(stream, dumb.FileBody):
+        return Response(200, "OK", hdrs, stream, ctx.log, ctx.trace)     # a cached answer: sent as a file
+    primed = _primed(iter(stream), body_obj)
     resp = Response(200, "OK", hdrs, primed, ctx.log, ctx.trace)
     primed.watch_log(ctx.log)
     resp.late = primed.late_messages

@@ -1,0 +1,151 @@
+"""Pre-warm on push: once a version lands, its depth-1 clones are computed
+into the response cache in the background, so the first CI job of a storm
+already hits. The requests are the ones git (protocol v2) sends for
+`git clone --depth 1 URL` (HEAD's branch, wanted twice: as HEAD and as the
+branch) and `git clone --depth 1 --branch B URL`, without progress (no
+terminal), computed through the same request pipeline as a client's.
+
+ASPEN_PREWARM: `default` (a version that updated HEAD's branch), `all`
+(every branch the version updated), `off`. One pre-warmer per repository at
+a time (a flock); it looks again at the newest version before it stops.
+Runs in a thread of a long-lived server, or as `python -m
+aspen_cgi.cache.prewarm` started detached by a CGI push."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import sys
+import threading
+from typing import Mapping, Optional
+
+from ..protocol import pktline
+
+ENV = "ASPEN_PREWARM"
+ZERO = "0" * 40
+
+
+def policy(env: Mapping[str, str]) -> str:
+    value = (env.get(ENV) or os.environ.get(ENV) or "default").lower()
+    return value if value in ("default", "all", "off") else "default"
+
+
+def clone_request(wants: list[str], include_tag: bool = True) -> bytes:
+    """The v2 fetch git 2.x sends for `clone --depth 1` (no terminal)."""
+    lines = ["command=fetch\n", "object-format=sha1\n"]
+    args = ["thin-pack\n", "no-progress\n"] + (["include-tag\n"] if include_tag else []) + ["ofs-delta\n",
+                                                                                           "deepen 1\n"]
+    args += [f"want {w}\n" for w in wants] + ["done\n"]
+    return (b"".join(pktline.encode(x) for x in lines) + pktline.DELIM
+            + b"".join(pktline.encode(x) for x in args) + pktline.FLUSH)
+
+
+def requests_for(head_target: Optional[str], updated: dict[str, str], mode: str) -> list[bytes]:
+    """The requests to compute for a version that set UPDATED (ref -> new value)."""
+    out = []
+    for ref, oid in sorted(updated.items()):
+        if not ref.startswith("refs/heads/") or oid == ZERO:
+            continue
+        if ref == head_target:
+            out.append(clone_request([oid, oid]))
+        elif mode != "all":
+            continue
+        out.append(clone_request([oid]))
+    return out
+
+
+def _upload_env(env: Mapping[str, str], body: bytes) -> dict[str, str]:
+    out = {k: v for k, v in env.items() if k not in ("HTTP_CONTENT_ENCODING", "CONTENT_LENGTH", "GIT_DIR")}
+    for key in ("PATH_INFO", "PATH_TRANSLATED"):
+        if key in out and out[key].endswith("/git-receive-pack"):
+            out[key] = out[key][:-len("git-receive-pack")] + "git-upload-pack"
+    out.update({"REQUEST_METHOD": "POST", "CONTENT_TYPE": "application/x-git-upload-pack-request",
+                "CONTENT_LENGTH": str(len(body)), "HTTP_GIT_PROTOCOL": "version=2", "GIT_PROTOCOL": "version=2",
+                "QUERY_STRING": "", "ASPEN_ACCESS_LOG": "0"})
+    return out
+
+
+def _compute(env: Mapping[str, str], body: bytes) -> int:
+    """Run one request through the pipeline (filling the cache); its status."""
+    from ..http.backend import handle
+    from ..http.message import Request
+    resp = handle(Request(_upload_env(env, body), io.BytesIO(body), len(body)))
+    try:
+        for _ in resp.body:
+            pass
+    finally:
+        resp.close()
+    return resp.status
+
+
+def run(gitdir: str, env: Mapping[str, str]) -> int:
+    """Pre-warm the newest version's requests (and newer ones that land
+    meanwhile); the number of requests computed. Returns 0 at once when
+    another pre-warmer of the repository is running."""
+    from ..refstore.store import RefStore, state_dir
+    from . import responses, stats
+    mode = policy(env)
+    settings = responses.settings(state_dir(gitdir, env), env)
+    if mode == "off" or settings is None:
+        return 0
+    os.makedirs(settings.directory, exist_ok=True)
+    lock = os.open(os.path.join(settings.directory, "prewarm.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0
+        done, seen = 0, -1
+        while True:
+            store = RefStore.open(gitdir, env, create=False)
+            if store is None:
+                return done
+            version = store.sync()
+            if version == seen:
+                return done
+            seen = version
+            snap = store.snapshot(None)
+            refs = snap.by_name()
+            updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
+            for body in requests_for(snap.head_target, updated, mode):
+                if _compute(env, body) == 200:
+                    done += 1
+                    stats.record(settings.directory, "prewarm", 0)
+    finally:
+        os.close(lock)
+
+
+def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> None:
+    """Pre-warm after a push: a low-priority thread here, or a detached program."""
+    if policy(env) == "off":
+        return
+    child = {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}
+    if in_process:
+        def work() -> None:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)   # this thread and its children
+            except (OSError, AttributeError):
+                pass
+            try:
+                run(gitdir, child)
+            except Exception as e:   # a background nicety: the server's log says why, nothing fails
+                sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
+        threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
+        return
+    from .. import gitexec
+    child["ASPEN_PREWARM_GITDIR"] = gitdir
+    gitexec.detached([sys.executable, "-m", "aspen_cgi.cache.prewarm"], env=child)
+
+
+def main() -> int:
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    run(os.environ["ASPEN_PREWARM_GITDIR"], dict(os.environ))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Serving one upload-pack response through the cache: a complete entry is a
+hit (sent as a file: sendfile under gunicorn and mod_wsgi); an entry being
+written is shared: followed as it grows by requests of the producer's
+process, sent once complete to those of other processes; otherwise this request starts the
+computation (cold) in a producer thread that outlives its client, and
+follows it like every other request. Whatever goes wrong with the cache
+(full disk, corrupt entry, a producer that died before the first byte) the
+request computes its answer itself (uncached): never an error."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
+
+from . import entries, evict, stats
+from .entries import Abandoned, EntryFile, Follower, Producer
+from .key import CacheKey
+
+DEFAULT_MAX = 1 << 30
+DEFAULT_RESERVE = 64 << 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    directory: str
+    max_bytes: int          # entries on disk, all repositories of the directory
+    reserve_bytes: int      # free disk space below which no entry is started
+
+
+def _size(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or os.environ.get(name)
+    try:
+        return max(0, int(raw)) if raw else default
+    except ValueError:
+        return default
+
+
+def settings(state_dir: str, env: Mapping[str, str]) -> Optional[Settings]:
+    """The cache of a repository whose state lives in STATE_DIR, or None when
+    turned off (ASPEN_CACHE=off). ASPEN_CACHE_DIR shares one directory (and
+    one bound, ASPEN_CACHE_MAX_BYTES, default 1 GiB) between repositories."""
+    flag = (env.get("ASPEN_CACHE") or os.environ.get("ASPEN_CACHE") or "on").lower()
+    if flag in ("0", "off", "no", "false"):
+        return None
+    directory = env.get("ASPEN_CACHE_DIR") or os.environ.get("ASPEN_CACHE_DIR") or os.path.join(state_dir, "cache")
+    return Settings(directory, _size(env, "ASPEN_CACHE_MAX_BYTES", DEFAULT_MAX),
+                    _size(env, "ASPEN_CACHE_RESERVE_BYTES", DEFAULT_RESERVE))
+
+
+@dataclass
+class Answer:
+    mark: str                               # hit | shared | cold | uncached
+    body: Union[Iterable[bytes], EntryFile]
+
+
+Compute = Callable[[], Iterable[bytes]]
+
+
+def _room(s: Settings) -> bool:
+    try:
+        st = os.statvfs(s.directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= s.reserve_bytes
+
+
+def _make_room(s: Settings, need: int) -> bool:
+    items = evict.entries(s.directory)
+    total = sum(e.size for e in items)
+    removed, freed = evict.evict(s.directory, max(0, total - max(need, 8 << 20)))
+    if removed:
+        stats.record(s.directory, "evicted", freed)
+    return removed > 0
+
+
+def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
+    try:
+        os.makedirs(s.directory, exist_ok=True)
+    except OSError:
+        return _uncached(s, compute)
+    name = key.name
+    for _ in range(3):
+        hit = entries.open_complete(s.directory, name)
+        if hit is not None:
+            entries.touch(hit.path)
+            stats.record(s.directory, "hit", hit.length)
+            return Answer("hit", hit)
+        follower = Follower.open(s.directory, name)
+        if follower is not None and follower.progress is not None:
+            return Answer("shared", _followed(s, follower, "shared", compute, log))
+        if follower is not None:
+            # another process computes it: wait for the end, then it is a hit (or
+            # abandoned: compute). Following its bytes here could be cut short
+            # by a full disk there, which this process could not make good.
+            follower.wait_end()
+            follower.close()
+            hit = entries.open_complete(s.directory, name)
+            if hit is not None:
+                entries.touch(hit.path)
+                stats.record(s.directory, "shared", hit.length)
+                return Answer("shared", hit)
+            continue
+        if not _room(s):
+            break
+        try:
+            producer = Producer.begin(s.directory, name, key.version)
+        except OSError:
+            break
+        if producer is None:
+            continue            # another request began it (or finished it) just now: look again
+        try:
+            fd = os.open(producer.part, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            producer.abandon()
+            break
+        producer.make_room = lambda need: _make_room(s, need)
+        follower = Follower(fd, producer.part, producer.progress)
+        threading.Thread(target=_produce, args=(s, producer, compute), name="aspen-cache-producer").start()
+        return Answer("cold", _followed(s, follower, "cold", compute, log))
+    return _uncached(s, compute)
+
+
+def _uncached(s: Settings, compute: Compute) -> Answer:
+    body = compute()
+
+    def counted() -> Iterator[bytes]:
+        n = 0
+        for chunk in body:
+            n += len(chunk)
+            yield chunk
+        stats.record(s.directory, "uncached", n)
+    return Answer("uncached", _closing(counted(), body))
+
+
+def _closing(it: Iterator[bytes], inner: object) -> Iterator[bytes]:
+    try:
+        yield from it
+    finally:
+        close = getattr(inner, "close", None)
+        if close is not None:
+            close()
+
+
+def _followed(s: Settings, follower: Follower, mark: str, compute: Compute, log: list) -> Iterator[bytes]:
+    try:
+        yield from follower
+    except Abandoned as e:
+        stats.record(s.directory, "abandoned", e.sent)
+        error = follower.progress.error if follower.progress is not None else None
+        if e.sent:
+            log.append(f"aspen: cache entry abandoned after {e.sent} bytes ({error or 'producer stopped'}); "
+                       "response cut short\n")
+            return
+        if error is not None and getattr(error, "status", None):
+            raise error            # an HTTP answer (503 past the queue bound) the computation gave
+        yield from _uncached(s, compute).body
+        return
+    finally:
+        follower.close()
+    stats.record(s.directory, mark, follower.sent)
+
+
+def _produce(s: Settings, producer: Producer, compute: Compute) -> None:
+    body = None
+    try:
+        body = compute()
+        for chunk in body:
+            producer.write(chunk)
+        returncode = getattr(body, "returncode", 0)
+        size = entries.HEADER_SIZE + producer.length
+        keep = returncode in (0, None) and not producer.spilled and size <= s.max_bytes
+        if keep:       # room first, so the bound holds the moment the entry appears
+            removed, freed = evict.evict(s.directory, s.max_bytes, need=size)
+            if removed:
+                stats.record(s.directory, "evicted", freed)
+            evict.sweep_parts(s.directory)
+        producer.finish(keep)
+    except BaseException as e:   # the thread's end: followers learn of it from the entry
+        producer.progress.error = e
+        producer.abandon()
+    finally:
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()
