@@ -86,6 +86,17 @@ def _marks(server) -> list[str]:
             for w in line.split() if w.startswith("cache=")]
 
 
+def _settled_marks(server) -> list[str]:
+    """The marks once no new access line has come for 0.3 s (lines are written as bodies close)."""
+    last, since = None, time.time()
+    while time.time() - since < 0.3:
+        now = _marks(server)
+        if now != last:
+            last, since = now, time.time()
+        time.sleep(0.05)
+    return last
+
+
 def _cache_dir(root: Path) -> Path:
     return root / "repo.git" / "aspen" / "cache"
 
@@ -121,15 +132,18 @@ def test_identical_concurrent_requests_are_computed_once(root, server_factory, t
     for t in threads:
         t.join(60)
     assert all(r is not None and r[0] == 200 for r in results)
-    assert len({r[2] for r in results}) == 1, "\n".join(l for l in server.log_text().splitlines() if "cache=" in l or "aspen:" in l)
+    assert len({r[2] for r in results}) == 1, "every response byte-identical"
     assert b"packfile\n" in results[0][2]
     assert _computations(tmp_path) == 1
+    deadline = time.time() + 10
+    while len(_marks(server)) < 8 and time.time() < deadline:     # access lines are written as bodies close
+        time.sleep(0.05)
     marks = _marks(server)
     assert marks.count("cold") == 1 and marks.count("shared") + marks.count("hit") == 7, marks
     # a real client gets the same cached answer and a correct repository
     _clone_ok(f"{server.url}/repo.git", tmp_path / "c", root / "repo.git", "--depth", "1")
     assert _computations(tmp_path) == 1
-    assert _marks(server)[-1] == "hit"
+    assert _settled_marks(server)[-1] == "hit"
     s = _stats(root / "repo.git")
     assert s["cold"] == 1 and s["hits"] + s["shared"] == 8 and s["entries"] == 1
 
@@ -245,10 +259,10 @@ def test_corrupt_or_truncated_entry_is_recomputed(root, server_factory, tmp_path
     status, _, again = _post(server, body)
     assert status == 200
     assert b"packfile\n" in again and again.endswith(b"0000")
-    assert _marks(server)[-1] == "cold", "recomputed, not served"
+    assert _settled_marks(server)[-1] == "cold", "recomputed, not served"
     assert _computations(tmp_path) == 2
     _clone_ok(f"{server.url}/repo.git", tmp_path / "c", root / "repo.git", "--depth", "1")
-    assert _marks(server)[-1] == "hit"
+    assert _settled_marks(server)[-1] == "hit"
 
 
 @pytest.fixture
@@ -289,7 +303,7 @@ def test_full_disk_degrades_to_computing(root, server_factory, tmp_path, tiny_fs
     server = server_factory(root, **_hooked_env(tmp_path, 0, ASPEN_CACHE_DIR=str(tiny_fs)))
     for i in range(2):
         _clone_ok(f"{server.url}/repo.git", tmp_path / f"d{i}", root / "repo.git", "--depth", "1")
-    assert _marks(server)[-2:] == ["uncached", "uncached"]
+    assert _settled_marks(server)[-2:] == ["uncached", "uncached"]
 
 
 def test_prewarm_makes_the_first_clone_after_a_push_a_hit(root, server_factory, tmp_path):
@@ -306,9 +320,9 @@ def test_prewarm_makes_the_first_clone_after_a_push_a_hit(root, server_factory, 
         time.sleep(0.2)
     assert _stats(root / "repo.git")["prewarmed"] == 2      # `clone --depth 1` and `--branch main`
     _clone_ok(f"{server.url}/repo.git", tmp_path / "c", root / "repo.git", "--depth", "1")
-    assert _marks(server)[-1] == "hit"
+    assert _settled_marks(server)[-1] == "hit"
     _clone_ok(f"{server.url}/repo.git", tmp_path / "b", root / "repo.git", "--depth", "1", "--branch", "main")
-    assert _marks(server)[-1] == "hit"
+    assert _settled_marks(server)[-1] == "hit"
     assert _tip(tmp_path / "c", "HEAD") == _tip(root / "repo.git")
 
 

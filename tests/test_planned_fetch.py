@@ -41,7 +41,7 @@ def _import(repo: Path) -> None:
 @pytest.fixture
 def pushed(root, server_factory, tmp_path):
     """A repository with a history pushed through Aspen (versions 2..), its server and a work clone."""
-    server = server_factory(root, ASPEN_ACCESS_LOG="1")
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off")   # each fetch planned anew
     repo = pk.enable_push(root / "repo.git")
     work = tmp_path / "work"
     h.git("clone", "-q", server.url + "/repo.git", str(work))

@@ -90,7 +90,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     if mode == "off" or settings is None:
         return 0
     os.makedirs(settings.directory, exist_ok=True)
-    lock = os.open(os.path.join(settings.directory, "prewarm.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    lock = os.open(os.path.join(settings.directory, "prewarm.mutex"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 
 EVENTS = ("hit", "shared", "cold", "uncached", "prewarm", "evicted", "overloaded", "abandoned")
-LOG, TOTALS, LOCK = "events.log", "totals.json", "stats.lock"
+LOG, TOTALS, LOCK = "events.log", "totals.json", "stats.mutex"
 FOLD_AT = 1 << 20
 
 

@@ -6,6 +6,9 @@ thread pool (params pool, default K: all submitted at once)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
@@ -14,15 +17,46 @@ from .common import (ServerUsage, Wire, copy_client, first_failure, ordered, qui
 from .storeprobe import wait_target_packs
 
 
+class CacheMarks:
+    """How Aspen's access lines mark the storm's fetches (cache=hit, shared,
+    cold, uncached, overloaded): counted from the target's log; nothing for
+    targets without one (stock)."""
+
+    def __init__(self, t: TargetInfo):
+        self.path = Path(t.plan_log) if getattr(t, "plan_log", None) else None
+        self.counts: dict[str, int] = {}
+
+    def __enter__(self) -> "CacheMarks":
+        self._pos = self.path.stat().st_size if self.path and self.path.exists() else 0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.path or not self.path.exists():
+            return
+        time.sleep(0.3)         # access lines are written as responses close
+        with open(self.path, "rb") as f:
+            f.seek(self._pos)
+            text = f.read().decode(errors="replace")
+        for line in text.splitlines():
+            if line.startswith("aspen: ") and "service=upload-pack" in line and "method=POST" in line:
+                mark = next((w[6:] for w in line.split() if w.startswith("cache=")), None)
+                if mark:
+                    self.counts[mark] = self.counts.get(mark, 0) + 1
+
+    def metrics(self) -> dict:
+        return {f"cache_{k}": v for k, v in sorted(self.counts.items())}
+
+
 def _storm(ctx: WorkloadContext, name: str, t: TargetInfo, jobs: list, k: int, pool: int, rep: int,
            extra: dict) -> Measurement:
-    with ServerUsage(ctx, t) as usage, Wire(ctx, t) as w:
+    with ServerUsage(ctx, t) as usage, Wire(ctx, t) as w, CacheMarks(t) as marks:
         results, total_ms = run_jobs(jobs, pool, lambda d: report(ctx, d, k, f"{name} {t.name}"))
     samples = [r.wall_ms for r in results if r.ok]
     m = {"jobs": k, "pool": pool, "failures": sum(not r.ok for r in results), "total_wall_ms": total_ms, **extra}
     m.update({f"{key}_ms": v for key, v in stats.summary(samples).items() if key != "n"})
     m.update(w.metrics())
     m.update(usage.metrics())
+    m.update(marks.metrics())
     return Measurement(name, t.name, {"jobs": k, "rep": rep}, m, samples, first_failure(results))
 
 
