@@ -143,7 +143,7 @@ def compacted(tmp_path_factory):
     root = base / "root"
     root.mkdir()
     repo = pk.enable_push(h.make_history(root / "repo.git"))
-    server = h.Server(root, {"ASPEN_ACCESS_LOG": "1", "ASPEN_CACHE": "off"})  # each fetch planned anew.start()
+    server = h.Server(root, {"ASPEN_ACCESS_LOG": "1", "ASPEN_CACHE": "off"}).start()   # each fetch planned anew
     try:
         work = base / "work"
         h.git("clone", "-q", server.url + "/repo.git", str(work))
