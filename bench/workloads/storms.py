@@ -6,8 +6,11 @@ thread pool (params pool, default K: all submitted at once)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
 from pathlib import Path
+from typing import Optional
 
 from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
@@ -45,6 +48,31 @@ class CacheMarks:
 
     def metrics(self) -> dict:
         return {f"cache_{k}": v for k, v in sorted(self.counts.items())}
+
+
+def wait_prewarm(ctx: WorkloadContext, t: TargetInfo, timeout: float = 120.0) -> Optional[float]:
+    """Wait until the target's pre-warmer (started by the push just made)
+    lets go of its mutex; ms waited, or None for targets without one. The
+    pre-warm is the push's work (the depth-1 clones of the new tip), done
+    before CI jobs arrive: the storm's server CPU is the storm's own."""
+    if getattr(t, "plan_log", None) is None or t.root is None:
+        return None
+    path = Path(t.root) / ctx.repo / "aspen" / "cache" / "prewarm.mutex"
+    start = time.monotonic()
+    time.sleep(0.3)                     # the pre-warm thread starts as the push's response ends
+    while time.monotonic() - start < timeout:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            break
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            break
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            os.close(fd)
+    return round((time.monotonic() - start) * 1000, 1)
 
 
 def _storm(ctx: WorkloadContext, name: str, t: TargetInfo, jobs: list, k: int, pool: int, rep: int,
@@ -107,6 +135,7 @@ def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
             if not (sha and p.ok):
                 raise RuntimeError(f"storm-warm: cannot push to {t.name}: {p.stderr_tail}")
             settle = wait_target_packs(ctx, t, quiet=0.05)     # aspen-packs: the push's pack, not timed
+            prewarm_ms = wait_prewarm(ctx, t)                   # aspen: the push's pre-warm, not timed
 
             def job(i: int) -> gitclient.ClientResult:
                 r = gitclient.fetch(d / f"c{i}", url, ["+refs/heads/main:refs/remotes/origin/main"])
@@ -114,7 +143,9 @@ def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
                     return gitclient.ClientResult(False, r.wall_ms, "fetched tip differs", r.stdout)
                 return r
             jobs = [lambda i=i: job(i) for i in range(k)]
-            out.append(_storm(ctx, "storm-warm", t, jobs, k, pool, rep,
-                              {"packs_wait_ms": settle["packs_wait_ms"]} if settle else {}))
+            extra = {"packs_wait_ms": settle["packs_wait_ms"]} if settle else {}
+            if prewarm_ms is not None:
+                extra["prewarm_wait_ms"] = prewarm_ms
+            out.append(_storm(ctx, "storm-warm", t, jobs, k, pool, rep, extra))
             rmtree(d)
     return out
