@@ -140,7 +140,18 @@ Progress = Callable[[int, int, str], None]
 
 def build(store, search=None, on_version: Optional[Progress] = None,
           on_segment: Optional[Progress] = None) -> BuildReport:
-    """Build every missing version pack, then every missing segment pack, of STORE's repository."""
+    """Build every missing version pack, then every missing segment pack, of
+    STORE's repository, holding an admission slot: builds are cold
+    computations too, and wait (without a queue bound) for their turn."""
+    from .. import admission
+    slot = admission.acquire(admission.limits(store.env), store.gitdir, queue=False)
+    try:
+        return _build_all(store, search, on_version, on_segment)
+    finally:
+        slot.release()
+
+
+def _build_all(store, search, on_version: Optional[Progress], on_segment: Optional[Progress]) -> BuildReport:
     from .versionpack import DeltaSearch
     search = search or DeltaSearch()
     rep = BuildReport()
