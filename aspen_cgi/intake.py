@@ -101,6 +101,22 @@ def _finalize(src: str, dst: str) -> None:
     os.unlink(src)
 
 
+def intake_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
+    """Stock's unpack(): a push of fewer than receive.unpackLimit objects is
+    exploded into loose objects by unpack-objects (so small pushes never pile
+    up packs for gc --auto to repack); a larger one is kept as a pack."""
+    if header.entries < opts.unpack_limit:
+        args = ["unpack-objects", f"--pack_header={header.version},{header.entries}"]
+        if opts.quiet:
+            args.append("-q")
+        if opts.fsck:
+            args.append("--strict" + (("=" + opts.fsck_msg_types) if opts.fsck_msg_types else ""))
+        if opts.max_input_size:
+            args.append(f"--max-input-size={opts.max_input_size}")
+        return args
+    return index_pack_args(header, opts)
+
+
 def index_pack_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
     args = ["index-pack", "--stdin", f"--pack_header={header.version},{header.entries}",
             f"--keep=receive-pack {os.getpid()} on {socket.gethostname() or 'localhost'}"]
@@ -119,13 +135,14 @@ def index_pack_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
 def unpack(q: Quarantine, gitdir: str, env: Mapping[str, str], header: PackHeader,
            read: Callable[[int], bytes], opts: IntakeOptions,
            keepalive: float = 0) -> Generator[Optional[bytes], None, UnpackResult]:
-    """Stream the rest of the pack from READ into index-pack in the quarantine.
+    """Stream the rest of the pack from READ into unpack-objects or index-pack
+    (intake_args) in the quarantine.
 
     Nothing is yielded until the whole body is read, so an exception from
     READ (a short body) propagates before any output, after index-pack is
     killed. Then index-pack's stderr is yielded as it comes, and None after
     every KEEPALIVE seconds of silence (stock's keepalive after end of input)."""
-    proc = gitexec.start(index_pack_args(header, opts), cwd=gitdir, env=q.env(env),
+    proc = gitexec.start(intake_args(header, opts), cwd=gitdir, env=q.env(env),
                          stdin=gitexec.PIPE, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
     errors = gitexec.read_idle(proc.stderr, keepalive)
     outbuf = bytearray()
