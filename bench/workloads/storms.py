@@ -85,6 +85,10 @@ def _storm(ctx: WorkloadContext, name: str, t: TargetInfo, jobs: list, k: int, p
     m.update(w.metrics())
     m.update(usage.metrics())
     m.update(marks.metrics())
+    served = [r.ms for r in (w.records or []) if r.pack_bytes > 0]
+    if served:   # the server's side: from the fetch's request head to its last response byte, at the proxy
+        m.update({"pack_response_p50_ms": stats.percentile(served, 50),
+                  "pack_response_p99_ms": stats.percentile(served, 99)})
     return Measurement(name, t.name, {"jobs": k, "rep": rep}, m, samples, first_failure(results))
 
 
