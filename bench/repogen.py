@@ -43,6 +43,8 @@ PRESETS: dict[str, GenSpec] = {
     "tiny": GenSpec(commits=50, files=20, max_depth=3, branches=2, tags=4, merges_every=10, renames_every=15, edits=2),
     "small": GenSpec(commits=500, files=120, max_depth=4, branches=3, tags=10, merges_every=25, renames_every=20, edits=4),
     "medium": GenSpec(commits=3000, files=800, max_depth=5, branches=4, tags=30, merges_every=40, renames_every=25, edits=8),
+    "large": GenSpec(commits=12000, files=4000, max_depth=6, branches=6, tags=60, merges_every=40, renames_every=25,
+                     edits=8),
 }
 
 

@@ -161,7 +161,7 @@ def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: fl
         for j, sha in enumerate(ids):
             if time.monotonic() >= stop_at:
                 return
-            r = gitclient.push(wdir, url, sha, f"refs/heads/writers/w{i}", timeout=120)
+            r = gitclient.push(wdir, url, sha, f"refs/heads/writers/{rep}/w{i}", timeout=120)
             now = time.monotonic()
             with lock:
                 if r.ok:
