@@ -389,3 +389,24 @@ def test_cgi_requests_share_the_cache(root, cgi_server_factory, tmp_path):
     assert _computations(tmp_path) == 1
     s = _stats(root / "repo.git")
     assert s["cold"] == 1 and s["hits"] == 2
+
+
+def test_depth1_clone_pack_is_smaller_than_stocks(tmp_path, server_factory, cgi_server_factory):
+    """A depth-1 clone through Aspen gets the pack made with the wider search
+    and recompressed: fewer bytes than stock's for the same objects."""
+    from bench import repogen
+    root = tmp_path / "gen"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["small"], root / "repo.git")
+    aspen = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(tmp_path / "run"))
+    stock = cgi_server_factory(root, "stock")
+    sizes = {}
+    for name, url in (("aspen", aspen.url), ("stock", stock.url)):
+        dest = tmp_path / name
+        _clone_ok(f"{url}/repo.git", dest, root / "repo.git", "--depth", "1", "--bare")
+        [pack] = (dest / "objects" / "pack").glob("*.pack")
+        sizes[name] = pack.stat().st_size
+        objects = out("cat-file", "--batch-all-objects", "--batch-check=%(objectname)", cwd=str(dest)).split()
+        sizes[name + "-objects"] = sorted(objects)
+    assert sizes["aspen-objects"] == sizes["stock-objects"]
+    assert sizes["aspen"] < sizes["stock"] * 0.99, sizes
