@@ -24,8 +24,8 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     return "aspen: " + " ".join(fields) + "\n"
 
 
-PLAN_KEYS = ("protocol", "cache", "plan", "why", "versions_visited", "segments_visited", "lookups", "extents", "objects",
-             "plan_us")
+PLAN_KEYS = ("protocol", "cache", "plan", "why", "versions_visited", "segments_visited", "lookups", "extents",
+             "objects", "plan_us")
 
 
 def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:
@@ -97,8 +97,7 @@ class CountedFile:
         return self.file.fileno()
 
     def read(self, n: int = -1) -> bytes:
-        data = self.file.read(n)
-        return data
+        return self.file.read(n)
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return self.file.seek(offset, whence)

@@ -148,11 +148,12 @@ class Push:
         if self.policy.update_server_info:
             gitexec.git(["update-server-info"], cwd=self.gitdir, env=self.ctx.env)
         if ok:
-            self._build_packs_later()
+            self._background_work()
         if neg.sideband:
             yield pktline.FLUSH
 
-    def _build_packs_later(self) -> None:
+    def _background_work(self) -> None:
+        """After a push landed: its version pack (when built) and its pre-warm."""
         from .cache import prewarm
         from .packs import background
         store = self.ctx.refstore()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -118,6 +117,23 @@ def _clone_ok(url: str, dest: Path, server_repo: Path, *args: str) -> None:
             assert theirs["refs/heads/" + name[len("refs/remotes/origin/"):]] == oid
 
 
+def _clones_at_once(server, root: Path, tmp_path: Path, n: int) -> list[str]:
+    """N real `git clone --depth 1` at once, each checked; their failures."""
+    errors: list[str] = []
+
+    def clone(i: int) -> None:
+        try:
+            _clone_ok(f"{server.url}/repo.git", tmp_path / f"c{i}", root / "repo.git", "--depth", "1")
+        except AssertionError as e:
+            errors.append(str(e))
+    threads = [threading.Thread(target=clone, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return errors
+
+
 def test_identical_concurrent_requests_are_computed_once(root, server_factory, tmp_path):
     server = server_factory(root, **_hooked_env(tmp_path, 1.5))
     body = clone_request([_tip(root / "repo.git")] * 2)
@@ -150,19 +166,7 @@ def test_identical_concurrent_requests_are_computed_once(root, server_factory, t
 
 def test_many_real_clients_at_once_all_succeed_from_one_computation(root, server_factory, tmp_path):
     server = server_factory(root, **_hooked_env(tmp_path, 1.0))
-    errors: list[str] = []
-
-    def clone(i: int) -> None:
-        try:
-            _clone_ok(f"{server.url}/repo.git", tmp_path / f"c{i}", root / "repo.git", "--depth", "1")
-        except AssertionError as e:
-            errors.append(str(e))
-    threads = [threading.Thread(target=clone, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    assert _clones_at_once(server, root, tmp_path, 12) == []
     assert _computations(tmp_path) == 1
 
 
@@ -284,19 +288,7 @@ def test_full_disk_degrades_to_computing(root, server_factory, tmp_path, tiny_fs
     # reserve 0: entries are started and the disk fills mid-answer
     server = server_factory(root, **_hooked_env(tmp_path, 0.5, ASPEN_CACHE_DIR=str(tiny_fs),
                                                 ASPEN_CACHE_RESERVE_BYTES="0"))
-    errors: list[str] = []
-
-    def clone(i: int) -> None:
-        try:
-            _clone_ok(f"{server.url}/repo.git", tmp_path / f"c{i}", root / "repo.git", "--depth", "1")
-        except AssertionError as e:
-            errors.append(str(e))
-    threads = [threading.Thread(target=clone, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    assert _clones_at_once(server, root, tmp_path, 4) == []
     assert list(tiny_fs.glob("*.entry")) == [] and list(tiny_fs.glob("*.part")) == []
     server.stop()
     # the default reserve (64 MiB free) is not there: nothing is started, every request computes

@@ -82,11 +82,9 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
         return _uncached(s, compute)
     name = key.name
     for _ in range(3):
-        hit = entries.open_complete(s.directory, name)
+        hit = _complete(s, name, "hit")
         if hit is not None:
-            entries.touch(hit.path)
-            stats.record(s.directory, "hit", hit.length)
-            return Answer("hit", hit)
+            return hit
         follower = Follower.open(s.directory, name)
         if follower is not None and follower.progress is not None:
             return Answer("shared", _followed(s, follower, "shared", compute, log))
@@ -96,11 +94,9 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
             # by a full disk there, which this process could not make good.
             follower.wait_end()
             follower.close()
-            hit = entries.open_complete(s.directory, name)
+            hit = _complete(s, name, "shared")
             if hit is not None:
-                entries.touch(hit.path)
-                stats.record(s.directory, "shared", hit.length)
-                return Answer("shared", hit)
+                return hit
             continue
         if not _room(s):
             break
@@ -120,6 +116,16 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
         threading.Thread(target=_produce, args=(s, producer, compute), name="aspen-cache-producer").start()
         return Answer("cold", _followed(s, follower, "cold", compute, log))
     return _uncached(s, compute)
+
+
+def _complete(s: Settings, name: str, mark: str) -> Optional[Answer]:
+    """NAME's complete entry as an answer marked MARK, counted and touched; or None."""
+    hit = entries.open_complete(s.directory, name)
+    if hit is None:
+        return None
+    entries.touch(hit.path)
+    stats.record(s.directory, mark, hit.length)
+    return Answer(mark, hit)
 
 
 def _uncached(s: Settings, compute: Compute) -> Answer:
