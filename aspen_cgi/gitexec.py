@@ -59,6 +59,16 @@ def _feed(stdin: IO[bytes], data: bytes | Iterator[bytes]) -> None:
             pass
 
 
+def _our_stderr() -> IO | int:
+    """Where a child's messages go: our stderr, or the process's fd 2 when
+    sys.stderr is not a file (mod_wsgi's log object has no descriptor)."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return 2
+
+
 class Stream:
     """A child whose stdout is read as it is produced.
 
@@ -73,7 +83,7 @@ class Stream:
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env,
                                      stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                                      stdout=subprocess.PIPE,
-                                     stderr=stderr if stderr is not None else sys.stderr)
+                                     stderr=stderr if stderr is not None else _our_stderr())
         self._feeder = None
         if input is not None:
             self._feeder = threading.Thread(target=_feed, args=(self.proc.stdin, input), daemon=True)

@@ -1,6 +1,8 @@
 """`application`: Aspen as a WSGI app for gunicorn and mod_wsgi, configured
 from the environment exactly as the CGI is (GIT_PROJECT_ROOT,
-GIT_HTTP_EXPORT_ALL, ...), whether set on the process or by the server."""
+GIT_HTTP_EXPORT_ALL, ...), whether set on the process or by the server.
+ASPEN_REMOTE_USER_HEADER=X-Remote-User: REMOTE_USER comes from that request
+header, set by an authenticating proxy (nginx/README.md), and from nowhere else."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from .http.message import Request
 from .packs import background
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
+REMOTE_USER_HEADER = "ASPEN_REMOTE_USER_HEADER"   # opt in: a trusted proxy names the user in this header
 
 background.IN_PROCESS = True   # this process lives on: version packs are built in a thread
 
@@ -29,6 +32,14 @@ def cgi_env(environ: dict) -> dict[str, str]:
             env[key] = value
     if not environ.get("CONTENT_LENGTH"):
         env.pop("CONTENT_LENGTH", None)
+    header = env.get(REMOTE_USER_HEADER, "").strip()
+    if header:
+        # Behind a proxy that authenticates (nginx's auth_basic) and always sets the header: the
+        # header alone names the user, and it is not passed on as a request header.
+        user = env.pop("HTTP_" + header.upper().replace("-", "_"), "")
+        env.pop("REMOTE_USER", None)
+        if user:
+            env["REMOTE_USER"] = user
     return env
 
 
