@@ -13,6 +13,8 @@ Target specs (the names `running()` takes):
 - `stock`         the same gunicorn serving stock `git http-backend` through
                   `bench.cgibridge:application`;
 - `stock-apache`  stock `git http-backend` as a CGI under Apache (mod_cgi),
+                  served at /stock/ by the shipped apache/side-by-side.conf
+                  (pushes with the bench's Basic password, in the URL),
                   only where `apache2` is installed;
 - `url:NAME=URL`  any other smart-HTTP server (Gitea, Forgejo, GitLab) by base
                   URL, credentials as `user:token@` in the URL; not started
@@ -161,8 +163,28 @@ def _gunicorn(name: str, app: str, root: Path, workdir: Path, env: dict, workers
     raise RuntimeError(f"{name}: gunicorn did not report its port within {timeout:.0f}s")
 
 
-_APACHE_MODULES = ("mpm_prefork", "authz_core", "alias", "cgi", "env", "unixd")
+_APACHE_MODULES = ("mpm_prefork", "authz_core", "authz_user", "authn_core", "authn_file", "auth_basic", "alias",
+                   "cgi", "env", "setenvif", "unixd")
 _MODULE_DIR = Path("/usr/lib/apache2/modules")
+SIDE_BY_SIDE = PROJECT / "apache" / "side-by-side.conf"
+# stock-apache is served by the shipped side-by-side config, whose pushes ask
+# for a password: the bench's user, given in the target's URL.
+APACHE_USER, APACHE_PASSWORD = "bench", "bench"
+
+
+def side_by_side(root: Path, htpasswd: Path) -> str:
+    """apache/side-by-side.conf with its placeholders filled (stock at /stock/,
+    Aspen at /aspen/ over ROOT); its text is otherwise the operator's."""
+    import base64
+    import hashlib
+    digest = base64.b64encode(hashlib.sha1(APACHE_PASSWORD.encode()).digest()).decode()
+    htpasswd.write_text(f"{APACHE_USER}:{{SHA}}{digest}\n")
+    htpasswd.chmod(0o644)
+    aspen_cgi = Path(sys.executable).parent / "aspen-cgi"
+    text = SIDE_BY_SIDE.read_text()
+    for key, value in (("GIT_PROJECT_ROOT", str(root)), ("ASPEN_CGI", str(aspen_cgi)), ("HTPASSWD", str(htpasswd))):
+        text = text.replace(f"@{key}@", value)
+    return text
 
 
 def _apache_conf(root: Path, workdir: Path, port: int, user: str, group: str) -> str:
@@ -172,8 +194,7 @@ def _apache_conf(root: Path, workdir: Path, port: int, user: str, group: str) ->
         if so.exists():  # some are built in (unixd on some builds)
             loads.append(f"LoadModule {mod}_module {so}")
     # The children run as another user than the repositories' owner: trust them (command-scope config).
-    env = {"GIT_PROJECT_ROOT": str(root), **_PUSH_ENV, "GIT_CONFIG_COUNT": "2",
-           "GIT_CONFIG_KEY_1": "safe.directory", "GIT_CONFIG_VALUE_1": "*"}
+    env = {**_PUSH_ENV, "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_1": "safe.directory", "GIT_CONFIG_VALUE_1": "*"}
     return "\n".join([
         f'ServerRoot "{workdir}"',
         "ServerName 127.0.0.1",
@@ -195,12 +216,8 @@ def _apache_conf(root: Path, workdir: Path, port: int, user: str, group: str) ->
         "KeepAliveTimeout 5",
         "Timeout 600",
         "LimitRequestBody 0",
-        *[f"SetEnv {k} {v}" for k, v in env.items()],
-        f"ScriptAlias / {STOCK}/",
-        f'<Directory "{Path(STOCK).parent}">',
-        "    Options +ExecCGI",
-        "    Require all granted",
-        "</Directory>",
+        *[f"SetEnv {k} {v}" for k, v in env.items() if k != "GIT_PROJECT_ROOT"],
+        side_by_side(root, Path(root).parent / "htpasswd"),    # beside the repositories: www-data reaches it
         "",
     ])
 
@@ -356,7 +373,10 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
     except BaseException:
         _terminate(proc)
         raise
-    info = TargetInfo(name=name, url=proxy.url, root=repos, pids=[proc.pid],
+    url = proxy.url
+    if name == "stock-apache":   # stock under /stock/ of apache/side-by-side.conf, pushes with the bench's password
+        url = url.replace("://", f"://{APACHE_USER}:{APACHE_PASSWORD}@", 1) + "/stock"
+    info = TargetInfo(name=name, url=url, root=repos, pids=[proc.pid],
                       plan_log=log if name in ("aspen", "aspen-packs") else None,
                       version_packs=name == "aspen-packs")
     return Target(info, proxy, proc, log, scratch=scratch)

@@ -45,9 +45,9 @@ def install(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="session")
 def generated(tmp_path_factory) -> Path:
-    """The bench's `small` preset repository (500 commits), generated once."""
-    dest = Path(str(tmp_path_factory.mktemp("generated"))) / "small.git"
-    repogen.generate(repogen.PRESETS["small"], dest)
+    """The bench's `medium` preset repository (3,000 commits, 49,797 objects), generated once."""
+    dest = Path(str(tmp_path_factory.mktemp("generated"))) / "medium.git"
+    repogen.generate(repogen.PRESETS["medium"], dest)
     return dest
 
 
@@ -208,14 +208,14 @@ def test_large_push(deployment, tmp_path):
 
 def test_large_clone(deployment, generated, tmp_path):
     server, root = deployment
-    name = f"small-{uuid.uuid4().hex[:6]}.git"
+    name = f"medium-{uuid.uuid4().hex[:6]}.git"
     shutil.copytree(generated, root / name)
     da.open_up(root)
     for version in ("0", "2"):
         dest = tmp_path / f"mirror-v{version}.git"
         git("-c", f"protocol.version={version}", "clone", "-q", "--mirror", server.url(name), str(dest))
         check_mirror(dest, root / name)
-        assert int(out("rev-list", "--all", "--count", cwd=str(dest))) == 500
+        assert int(out("rev-list", "--all", "--count", cwd=str(dest))) == 3000
 
 
 def test_side_by_side(install, tmp_path):

@@ -192,7 +192,7 @@ def stack(tmp_path_factory):
     make_history(root / "repo.git")
     make_history(root / "push.git", commits=3, branches=())
     from bench import repogen
-    repogen.generate(repogen.PRESETS["small"], root / "big.git")   # http.receivepack=true: only nginx guards it
+    repogen.generate(repogen.PRESETS["medium"], root / "big.git")   # http.receivepack=true: only nginx guards it
     s = Stack(base, root)
     try:
         s.start_gunicorn()
