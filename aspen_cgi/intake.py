@@ -109,11 +109,7 @@ def intake_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
         args = ["unpack-objects", f"--pack_header={header.version},{header.entries}"]
         if opts.quiet:
             args.append("-q")
-        if opts.fsck:
-            args.append("--strict" + (("=" + opts.fsck_msg_types) if opts.fsck_msg_types else ""))
-        if opts.max_input_size:
-            args.append(f"--max-input-size={opts.max_input_size}")
-        return args
+        return args + _strict(opts) + _max_input(opts)
     return index_pack_args(header, opts)
 
 
@@ -124,12 +120,16 @@ def index_pack_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
     # on a pipe; it shows delta resolution only for packs at the unpack limit.
     if opts.progress and header.entries >= opts.unpack_limit:
         args.append("--show-resolving-progress")
-    if opts.fsck:
-        args.append("--strict" + (("=" + opts.fsck_msg_types) if opts.fsck_msg_types else ""))
-    args.append("--fix-thin")
-    if opts.max_input_size:
-        args.append(f"--max-input-size={opts.max_input_size}")
-    return args
+    return args + _strict(opts) + ["--fix-thin"] + _max_input(opts)
+
+
+def _strict(opts: IntakeOptions) -> list[str]:
+    """receive.fsckObjects: both programs take the same --strict[=<msg types>]."""
+    return ["--strict" + (("=" + opts.fsck_msg_types) if opts.fsck_msg_types else "")] if opts.fsck else []
+
+
+def _max_input(opts: IntakeOptions) -> list[str]:
+    return [f"--max-input-size={opts.max_input_size}"] if opts.max_input_size else []
 
 
 def unpack(q: Quarantine, gitdir: str, env: Mapping[str, str], header: PackHeader,

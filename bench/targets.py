@@ -256,7 +256,7 @@ def _apache(root: Path, workdir: Path, timeout: float) -> tuple[subprocess.Popen
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 break
-            if _answers(f"http://127.0.0.1:{port}/"):
+            if answers(f"http://127.0.0.1:{port}/"):
                 return proc, port, log
             time.sleep(0.05)
         text = (workdir / "stock-apache.out").read_text(errors="replace") + (
@@ -267,7 +267,7 @@ def _apache(root: Path, workdir: Path, timeout: float) -> tuple[subprocess.Popen
     raise RuntimeError("stock-apache: no free port found in 20 tries")
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
     """Does anything speak HTTP at URL (any status)?"""
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:

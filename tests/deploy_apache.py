@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from bench.targets import answers   # does anything speak HTTP there (any status)?
+
 PROJECT = Path(__file__).resolve().parent.parent
 SHIPPED = PROJECT / "apache"
 APACHE = "/usr/sbin/apache2"
@@ -199,17 +201,6 @@ class Apache:
         self.proc.wait()
 
 
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            resp.read()
-        return True
-    except urllib.error.HTTPError:
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def start_apache(workdir: Path, shipped: str, values: dict[str, str], prefix: str, *, wsgi: bool = False,
                  timeout: float = 30.0) -> Apache:
     """Fill in SHIPPED (a file in apache/) with VALUES, wrap it, and start Apache in the
@@ -237,7 +228,7 @@ def start_apache(workdir: Path, shipped: str, values: dict[str, str], prefix: st
         server = Apache(proc, port, workdir, prefix)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            if _answers(f"http://127.0.0.1:{port}/"):
+            if answers(f"http://127.0.0.1:{port}/"):
                 return server
             time.sleep(0.05)
         text = server.log()

@@ -1,13 +1,14 @@
 """Response cache entries on local disk: one file per complete framed
-response body, written once by a producer while any number of followers,
-in this process or another, read it as it grows.
+response body, written once by a producer while any number of followers
+read it as it grows (woken by the producer when it runs in their process;
+cache.responses has followers in other processes wait_end() instead).
 
 A file is a 40-byte header then the body, byte for byte as it goes to the
 client (so a complete entry is served with sendfile from offset 40). While
 it is written it is `NAME.part`, and its producer holds an exclusive flock
 on it: a follower at the end of the bytes written so far waits while the
 lock is held. The producer ends by writing the header (length, CRC-32,
-outcome); a kept entry is then renamed to NAME, an answer not worth keeping
+outcome, ref-store version); a kept entry is then renamed to NAME, an answer not worth keeping
 (git said no) is unlinked once written, so followers already on it still
 read it to the end. A `.part` whose producer died holds no lock and no
 header: followers see it abandoned, and the next request removes it.
