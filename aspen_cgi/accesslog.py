@@ -18,7 +18,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
     for key in ("version", "cache", "queued_ms", "plan", "why", "plan_us", "visits", "extents", "commands",
-                "objects", "push"):
+                "objects", "push", "ended"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"

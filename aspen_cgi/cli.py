@@ -32,7 +32,11 @@ def _open(repo: str):
     store = RefStore.open(gitdir, env)
     if store is None:
         raise SystemExit(f"aspen: cannot keep a ref store for {repo} (read-only? set ASPEN_STATE_DIR)")
-    store.sync()
+    from .refstore import db
+    try:
+        store.sync()
+    except db.Unstorable as e:
+        raise SystemExit(f"aspen: the ref store cannot hold the refs of {repo}: {e}; they are served from disk")
     return store
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Generator, Mapping, Optional, Sequence
 
 from . import gitexec
 from .protocol.push import PackHeader
+from .refstore.owners import owner_alive, owner_id
 
 CHUNK = 65536
 
@@ -38,11 +39,16 @@ class UnpackResult:
 
 
 class Quarantine:
-    """objects/incoming-XXXXXX: objects of a push nobody else sees until migrate()."""
+    """objects/incoming-<owner>-XXXXXX: objects of a push nobody else sees
+    until migrate(). The name says which process owns it (host+pid+start),
+    so that the quarantines of processes killed mid-push (kill -9 leaves
+    them behind, stock's too) are swept by the next push."""
 
     def __init__(self, gitdir: str):
         self.objects = os.path.join(os.path.abspath(gitdir), "objects")
-        self.path = tempfile.mkdtemp(prefix="incoming-", dir=self.objects)
+        sweep_stale(self.objects)
+        # ':' would split the path where git reads a list of object directories
+        self.path = tempfile.mkdtemp(prefix=f"{QUARANTINE_PREFIX}{owner_id().replace(':', '+')}-", dir=self.objects)
         os.chmod(self.path, 0o755)
         os.makedirs(os.path.join(self.path, "pack"), exist_ok=True)
 
@@ -77,6 +83,60 @@ class Quarantine:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+QUARANTINE_PREFIX = "incoming-"
+_KEEP_LINE = re.compile(r"^receive-pack (\d+) on (\S+)$")
+
+
+def sweep_stale(objects: str) -> list[str]:
+    """Remove what pushes of dead processes left in OBJECTS: their quarantines
+    (named for their owner; stock's unnamed ones are left alone) and the
+    .keep files that guarded their migrated packs (`receive-pack PID on HOST`).
+    The paths removed."""
+    gone = []
+    try:
+        names = os.listdir(objects)
+    except OSError:
+        return gone
+    for name in names:
+        if not name.startswith(QUARANTINE_PREFIX):
+            continue
+        owner = name[len(QUARANTINE_PREFIX):].rpartition("-")[0].replace("+", ":")
+        if owner.count(":") == 2 and not owner_alive(owner):
+            shutil.rmtree(os.path.join(objects, name), ignore_errors=True)
+            gone.append(os.path.join(objects, name))
+    packs = os.path.join(objects, "pack")
+    try:
+        keeps = [n for n in os.listdir(packs) if n.endswith(".keep")]
+    except OSError:
+        keeps = []
+    host = socket.gethostname() or "localhost"
+    for name in keeps:
+        path = os.path.join(packs, name)
+        try:
+            with open(path, "rb") as f:
+                m = _KEEP_LINE.match(f.read(512).decode("utf-8", "replace").strip())
+        except OSError:
+            continue
+        if m is None or m.group(2) != host or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(path)
+            gone.append(path)
+        except OSError:
+            pass
+    return gone
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def _pack_priority(name: str) -> tuple[int, str]:

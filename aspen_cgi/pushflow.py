@@ -18,6 +18,7 @@ from .protocol import pktline, push
 from .protocol.push import ZERO, Command, RefResult
 from .refname import check_refname_format
 from .refs import HiddenRefs, namespace_prefix, object_info
+from .refstore import db as store_db
 from .refstore.owners import fault
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
 
@@ -302,7 +303,9 @@ class Push:
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
         meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
         fast = in_process_ok(self.ctx.config, self.ctx.repo.bare)
-        return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast)
+        # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
+        with store_db.patience(store_db.store_wait(self.ctx.env)):
+            return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast)
 
     def _lookup(self, oid: str) -> tuple[str, Optional[str]]:
         """(type or "missing", peeled) of OID; the first unknown one fetches all the push's unknowns."""
@@ -336,7 +339,7 @@ class Push:
         m = self.msgs
         c = s.cmd
         name = c.ref
-        if not name.startswith("refs/") or not check_refname_format(name[5:]):
+        if not name.startswith("refs/") or not check_refname_format(name[5:]) or not c.utf8_ref:
             yield m.error(f"refusing to create funny ref '{name}' remotely")
             return "funny refname"
         full = self.prefix + name

@@ -12,11 +12,15 @@ from .refstore.store import RefStore
 
 
 def open_store(gitdir: str, env: Mapping[str, str], log: Optional[list] = None) -> Optional[RefStore]:
-    store = RefStore.open(gitdir, env)
-    if store is None:
-        return None
+    """The store brought up to the disk, or None. A store another process holds
+    locked is waited for db.READ_WAIT seconds (or the enclosing patience, a
+    push's), never longer: then the refs come from the disk."""
     try:
-        store.sync()
+        with db.patience(db.READ_WAIT, keep_outer=True):
+            store = RefStore.open(gitdir, env)
+            if store is None:
+                return None
+            db.retry(store.sync)
     except (db.Error, db.Busy, OSError) as e:
         if log is not None:
             log.append(f"aspen: ref store unavailable ({e}); serving refs from disk\n")

@@ -75,6 +75,81 @@ def _hidden(ctx):
     return HiddenRefs.from_config(ctx.config, "uploadpack").hidden
 
 
+def _not_our_ref(ctx, oid: str) -> Iterator[bytes]:
+    """Stock's answer to a want it refuses: one ERR pkt-line (after a 200)."""
+    ctx.trace.update(plan="refused", why="not-our-ref")
+    ctx.log.append(f"fatal: git upload-pack: not our ref {oid}\n")
+    return iter([pktline.encode(f"ERR upload-pack: not our ref {oid}")])
+
+
+def _check_allowed(ctx, req: FetchRequest) -> None:
+    """v2 fetch lines the configuration does not allow: git's upload-pack dies
+    on them after the headers went out (an empty 200); Aspen answers 400."""
+    from .protocol.pktline import ProtocolError
+    caps = _caps(ctx)
+    if req.want_refs and not caps.allow_ref_in_want:
+        raise ProtocolError(f"unexpected line: 'want-ref {req.want_refs[0][:80]}'")
+    if req.filter is not None and not caps.allow_filter:
+        raise ProtocolError(f"unexpected line: 'filter {req.filter[:80]}'")
+    if req.sideband_all and not caps.allow_sideband_all:
+        raise ProtocolError("unexpected line: 'sideband-all'")
+
+
+def refused_want(ctx, req: FetchRequest) -> Optional[str]:
+    """The first want the client may not have, or None.
+
+    git's v2 upload-pack sends any object the repository holds (parse_want
+    checks only that it exists), and its v0 check over HTTP feeds non-commit
+    wants to `rev-list` without `--objects`, so a blob or tree only a hidden
+    ref reaches passes. When some refs are hidden from the client (hideRefs,
+    or refs outside its namespace) Aspen refuses, in v2, a commit that is not
+    visible ref's value and that the visible refs do not reach, as v0 does;
+    and in both versions an object only hidden refs reach. As in stock's
+    is_our_ref(), allowTipSHA1InWant makes hidden tips ours and
+    allowReachableSHA1InWant everything hidden refs reach; allowAnySHA1InWant
+    lifts the check. Objects the repository lacks are left to git."""
+    from .refs import object_info
+    allow = _allow_uor(ctx.config)
+    if not req.wants or allow & _ALLOW_ANY:
+        return None
+    snap, hidden = _snapshot(ctx), _hidden(ctx)
+    whole = ctx.snapshot(None) if snap.namespace_prefix else snap
+    visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
+    if len(visible) == len(whole.refs):
+        return None
+    # stock's is_our_ref(): under allowTip or allowReachable a hidden ref (inside the namespace) counts as ours
+    counted = list(snap.refs) if allow & _ALLOW_REACHABLE else visible
+    ours = {r.oid for r in visible} | {r.peeled for r in visible if r.peeled}
+    if snap.head is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
+        ours.add(snap.head.oid)
+    if allow & (_ALLOW_TIP | _ALLOW_REACHABLE):
+        ours |= {r.oid for r in snap.refs}
+    rest = [w for w in dict.fromkeys(req.wants) if w not in ours]
+    if not rest:
+        return None
+    kinds = object_info(ctx.gitdir, ctx.env, rest)
+    commits = [w for w in rest if kinds.get(w, ("missing",))[0] == "commit"]
+    others = [w for w in rest if kinds.get(w, ("missing",))[0] not in ("commit", "missing")]
+    visible_tips = sorted({r.oid for r in counted})
+    if others:
+        hidden_tips = sorted({r.oid for r in whole.refs} - set(visible_tips))
+        res = gitexec.git(["rev-list", "--objects", "--stdin"], cwd=ctx.gitdir, env=ctx.env,
+                          input="".join(f"{t}\n" for t in hidden_tips).encode()
+                          + "".join(f"^{t}\n" for t in visible_tips).encode())
+        only_hidden = {line.split(" ", 1)[0] for line in res.stdout.decode().splitlines()} if res.ok else set(others)
+        refused = next((w for w in others if w in only_hidden), None)
+        if refused is not None:
+            return refused
+    if req.version != 2 or not commits:
+        return None
+    kinds = object_info(ctx.gitdir, ctx.env, sorted({r.peeled or r.oid for r in counted}))
+    tips = [t for t, (kind, _) in kinds.items() if kind == "commit"]
+    res = gitexec.git(["rev-list", "--stdin"], cwd=ctx.gitdir, env=ctx.env,
+                      input="".join(f"{c}\n" for c in commits).encode() + "".join(f"^{t}\n" for t in tips).encode())
+    unreachable = set(res.stdout.decode().split()) if res.ok else set(commits)
+    return next((c for c in commits if c in unreachable), None)
+
+
 def _snapshot(ctx) -> RefSnapshot:
     return ctx.snapshot(ctx.namespace)
 
@@ -383,8 +458,15 @@ def serve(ctx, data: bytes) -> Iterable[bytes]:
             return ls_refs(ctx, req)
         if isinstance(req, OtherCommand):
             return git_upload_pack(ctx, data)
+        _check_allowed(ctx, req)
+        refused = refused_want(ctx, req)
+        if refused is not None:
+            return _not_our_ref(ctx, refused)
         return respond(ctx, req, data)
     req = parse_v0(data)
     if not req.wants:
         return iter(())
+    refused = refused_want(ctx, req)
+    if refused is not None:
+        return _not_our_ref(ctx, refused)
     return respond(ctx, req, data)

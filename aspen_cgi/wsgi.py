@@ -2,18 +2,28 @@
 from the environment exactly as the CGI is (GIT_PROJECT_ROOT,
 GIT_HTTP_EXPORT_ALL, ...), whether set on the process or by the server.
 ASPEN_REMOTE_USER_HEADER=X-Remote-User: REMOTE_USER comes from that request
-header, set by an authenticating proxy (nginx/README.md), and from nowhere else."""
+header, set by an authenticating proxy (nginx/README.md), and from nowhere else.
+
+Limits (http/limits.py): under gunicorn the client socket (`gunicorn.socket`)
+gets ASPEN_IDLE_TIMEOUT for every read of the body and write of the answer,
+and is shut at the ASPEN_REQUEST_TIMEOUT deadline, which frees a worker held
+by a trickling or non-reading client; the access line says `ended=...` when
+an answer was cut short. Under mod_wsgi, Apache's Timeout bounds reads and
+writes (the deadline is still checked at each body read and answer chunk)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Optional
 
 from .accesslog import Counted, CountedFile, enabled, write_messages
 from .http import dumb
 from .http.backend import handle
+from .http.limits import Limits
 from .http.message import Request
+from .http.watchdog import WATCHDOG
 from .packs import background
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
@@ -48,14 +58,86 @@ class _Empty:
         return b""
 
 
+class _Guard:
+    """The client socket held to the request's limits: the idle timeout on each
+    read and write, and a shutdown at the deadline."""
+
+    def __init__(self, sock: Optional[socket.socket], limits: Limits):
+        self.sock = sock
+        self.limits = limits
+        self.fired = False
+        self._watch = None
+        if sock is None:
+            return
+        try:
+            sock.settimeout(limits.idle_timeout or None)
+        except OSError:
+            pass
+        if limits.deadline is not None:
+            self._watch = WATCHDOG.watch(limits.deadline, self.drop)
+
+    def drop(self) -> None:
+        """Shut the connection: blocked reads see its end, writes fail, the worker is free."""
+        self.fired = True
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def done(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+
+class _Guarded:
+    """The answer's chunks, cut at the deadline; notes in the access line why an
+    answer ended early (`ended=request-timeout`, `idle-timeout`, `client-gone`)."""
+
+    def __init__(self, body: Counted, guard: _Guard, trace: dict):
+        self.body = body
+        self.guard = guard
+        self.trace = trace
+        self.finished = False
+        self.last = time.monotonic()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.body:
+            if self.guard.limits.expired():
+                self.trace["ended"] = "request-timeout"
+                self.guard.drop()
+                return
+            yield chunk
+            self.last = time.monotonic()
+        self.finished = True
+
+    def close(self) -> None:
+        self.guard.done()
+        if not self.finished and "ended" not in self.trace:
+            idle = self.guard.limits.idle_timeout
+            if self.guard.fired:
+                self.trace["ended"] = "request-timeout"
+            elif idle and time.monotonic() - self.last >= idle * 0.9:
+                self.trace["ended"] = "idle-timeout"
+            else:
+                self.trace["ended"] = "client-gone"
+        self.body.close()
+
+
 def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
     started = time.monotonic()
     env = cgi_env(environ)
+    limits = Limits.from_env(env, started)
+    guard = _Guard(environ.get("gunicorn.socket"), limits)
     stream = environ["wsgi.input"]
     if not environ.get("CONTENT_LENGTH") and not environ.get("wsgi.input_terminated"):
         # PEP 3333: without a length the body may not be read to EOF unless the server terminates it.
         stream = _Empty() if environ.get("HTTP_TRANSFER_ENCODING", "").lower() != "chunked" else stream
-    resp = handle(Request(env, stream, None))
+    try:
+        resp = handle(Request(env, stream, None, limits))
+    except BaseException:
+        guard.done()
+        raise
     errors = environ["wsgi.errors"]
     write_messages(errors, resp.log)
     headers = [(k, v) for k, v in resp.headers if k != "Status"]
@@ -65,5 +147,6 @@ def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
                       resp.status, resp.trace, started, enabled(env), resp.late)
     wrapper = environ.get("wsgi.file_wrapper")
     if wrapper is not None and isinstance(body, dumb.FileBody):
+        guard.done()    # sendfile() under the socket's idle timeout
         return wrapper(CountedFile(body.file, body.size, counted), 65536)
-    return counted
+    return _Guarded(counted, guard, resp.trace)

@@ -107,6 +107,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list workloads", description="List the workloads `run` knows.")
     ls.set_defaults(func=cmd_list)
+
+    fl = sub.add_parser("faults", help="soak Aspen under load with faults injected at random",
+                        description="Clone, fetch and push load against Aspen under gunicorn for N seconds while "
+                                    "worker kill -9, git child kill -9 and SQLite locks held by another process "
+                                    "are injected at random; then check that no acknowledged push was lost, "
+                                    "aspen verify and git fsck are clean and a final clone is correct. Writes "
+                                    "results/<date>-faults/ (summary.json, README.md).")
+    fl.add_argument("--seconds", type=float, default=60.0, help="how long to inject faults (default %(default)s)")
+    fl.add_argument("--seed", type=int, default=1, help="random seed of the fault schedule (default %(default)s)")
+    fl.add_argument("--out", type=Path, help="results folder (default results/<date>-faults)")
+    fl.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    fl.set_defaults(func=cmd_faults)
+
+    fz = sub.add_parser("fuzz", help="fuzz everything that parses client bytes",
+                        description="Fuzz pkt-lines, v0/v2 upload-pack requests, capabilities, CGI variables, "
+                                    "receive-pack commands and pack headers, request bodies (gzip), the whole "
+                                    "pipeline in process over a real repository, the aspen-cgi program, and raw "
+                                    "HTTP framing to gunicorn, "
+                                    "starting from requests captured from real git clients. Prints per target the "
+                                    "inputs tried, inputs/s, distinct outcomes and crashes; writes "
+                                    "OUT/<date>-fuzz/ (summary.json, README.md, crashes/, corpus/). Exits 1 when "
+                                    "anything crashed.")
+    fz.add_argument("--seconds", type=float, default=60.0,
+                    help="total fuzzing time, shared equally by the targets (default %(default)s)")
+    fz.add_argument("--seed", type=int, default=0, help="hypothesis seed; the same seed replays the same inputs "
+                                                        "(default %(default)s)")
+    fz.add_argument("--targets", default=None,
+                    help="comma-separated targets (default all): pktline, upload-v0, upload-v2, capabilities, "
+                         "cgi-vars, receive-commands, pack-header, body, pipeline, push, cgi, http-wire")
+    fz.add_argument("--out", type=Path, default=Path("results"),
+                    help="parent of the results folder (default %(default)s/)")
+    fz.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
+    fz.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    fz.set_defaults(func=cmd_fuzz)
     return p
 
 
@@ -119,6 +153,16 @@ def _preset_names() -> list[str]:
 
 
 # ---------------------------------------------------------------- commands
+
+def cmd_faults(args) -> int:
+    from . import faults
+    return faults.cmd(args)
+
+
+def cmd_fuzz(args) -> int:
+    from .fuzz import command
+    return command.cmd(args)
+
 
 def cmd_list(args) -> int:
     for name, fn in _workloads().items():

@@ -499,3 +499,24 @@ def test_suite_check_fails_the_test_that_leaves_a_store_inconsistent(tmp_path):
     assert "refs/heads/main: versions replay to 1234567890123456789012345678901234567890, current table says " in out
     assert "ERROR test_checked.py::test_breaks_the_store_on_purpose" not in out
     assert "ERROR test_checked.py::test_leaves_it_consistent" not in out
+
+
+def test_ref_name_git_made_that_is_not_utf8_is_served_from_disk(pair, tmp_path):
+    """git itself (update-ref, stock's receive-pack) accepts a ref name that is
+    not UTF-8; SQLite text cannot hold it. Aspen then serves the refs from the
+    disk, byte for byte as stock advertises them, and pushes still land; once
+    the ref is gone the store takes over again. Before: every request was a 500."""
+    subprocess.run([b"git", b"update-ref", b"refs/heads/caf\xe9", b"main"], cwd=str(pair.repo), check=True)
+    for path in ("/repo.git/info/refs?service=git-upload-pack", "/repo.git/info/refs"):
+        a, s = http(pair.aspen + path), http(pair.stock + path)
+        assert b"refs/heads/caf\xe9" in a
+        assert d.norm_advertisement(a) == d.norm_advertisement(s) if "service" in path else a == s
+    clone = pk.clone(f"{pair.aspen}/repo.git", tmp_path / "clone", fsck=True)
+    h.fsck_strict(str(clone))
+    res = aspen_cli("verify", str(pair.repo))
+    assert res.returncode != 0 and b"not valid UTF-8" in res.stderr and b"Traceback" not in res.stderr
+    pk.commit(clone, "after")
+    h.git("push", "origin", "HEAD:refs/heads/after", cwd=str(clone))
+    assert h.out("rev-parse", "refs/heads/after", cwd=str(pair.repo)) == pk.rev(clone, "HEAD")
+    subprocess.run([b"git", b"update-ref", b"-d", b"refs/heads/caf\xe9"], cwd=str(pair.repo), check=True)
+    pair.assert_same_as_stock()

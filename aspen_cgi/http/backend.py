@@ -15,6 +15,7 @@ from ..repoconfig import ConfigError, RepoConfig
 from . import dumb, paths, routes
 from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
+from .limits import Limits
 from .message import HttpError, Request, Response
 from .query import parameters
 
@@ -240,17 +241,22 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     if length is None and "CONTENT_LENGTH" in req.env:
         length = parse_content_length(req.env.get("CONTENT_LENGTH"))
     gzip = req.env.get("HTTP_CONTENT_ENCODING") in ("gzip", "x-gzip")
+    limits = req.limits or Limits.from_env(req.env)
     body_obj: Optional[Body] = None
     if svc == "upload-pack":
         from .. import upload as service
-        data = read_upload_request(req.input, length, gzip, max_buffer)
+        data = read_upload_request(req.input, length, gzip, max_buffer, limits)
         if not data:
             # stock's upload-pack dies on an empty request (t5562); Aspen says so with a status
             raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
         stream = service.serve(ctx, data)
     else:
         from .. import receive as service
-        body_obj = Body(req.input, length, gzip)
+        if limits.max_push_bytes and length is not None and length > limits.max_push_bytes:
+            raise HttpError(413, "Payload Too Large",
+                            f"fatal: push of {length} bytes is larger than the server's limit of "
+                            f"{limits.max_push_bytes} bytes (ASPEN_MAX_PUSH_BYTES)")
+        body_obj = Body(req.input, length, gzip, limits)
         stream = service.serve(ctx, body_obj)
     hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
     if isinstance(stream, dumb.FileBody):

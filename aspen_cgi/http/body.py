@@ -4,10 +4,12 @@ an error, never a spin; a gzip bomb stops at a bound."""
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from typing import IO, Optional
 
 from ..repoconfig import ConfigError, parse_size
+from .limits import INFLATE_FREE, UNLIMITED, Limits
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024
 CHUNK = 65536
@@ -55,6 +57,8 @@ def _strtoimax(s: str) -> tuple[Optional[int], str]:
         j += 1
     if j == i:
         return None, s
+    if len(s[i:j].lstrip("0")) > 64:   # past intmax_t in any base, and past the digits int() converts
+        return sign * (1 << 256), s[j:]
     return sign * int(s[i:j], base), s[j:]
 
 
@@ -83,13 +87,17 @@ def max_request_buffer(env_value: Optional[str], config_value: Optional[str]) ->
 
 
 class Body:
-    """A readable request body: bounded by Content-Length, optionally gunzipped."""
+    """A readable request body: bounded by Content-Length, optionally gunzipped,
+    and held to LIMITS (ASPEN_MAX_PUSH_BYTES on the raw and inflated bytes, the
+    idle and wall-clock timeouts)."""
 
-    def __init__(self, stream: IO[bytes], length: Optional[int], gzip: bool):
+    def __init__(self, stream: IO[bytes], length: Optional[int], gzip: bool, limits: Limits = UNLIMITED):
         self.stream = stream
         self.length = length
         self.remaining = length
         self.raw_bytes = 0
+        self.inflated = 0
+        self.limits = limits
         self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzip else None
         self._pending = b""
         self._eof = False
@@ -99,13 +107,38 @@ class Body:
         self.error = BodyError(status, reason, message)
         return self.error
 
+    def _timeout(self, idle: bool) -> BodyError:
+        if idle:
+            return self._fail(408, "Request Timeout", f"no data from the client for {self.limits.idle_timeout:g} s "
+                                                      f"(ASPEN_IDLE_TIMEOUT)")
+        return self._fail(408, "Request Timeout", f"request took longer than {self.limits.request_timeout:g} s "
+                                                  f"(ASPEN_REQUEST_TIMEOUT)")
+
+    def _too_large(self, what: str) -> BodyError:
+        return self._fail(413, "Payload Too Large", f"{what} is larger than the server's limit of "
+                                                    f"{self.limits.max_push_bytes} bytes (ASPEN_MAX_PUSH_BYTES)")
+
     def _raw(self, n: int) -> bytes:
         if self.remaining is not None:
             n = min(n, self.remaining)
             if n == 0:
                 return b""
-        data = self.stream.read(n)
+        if self.limits.expired():
+            raise self._timeout(idle=False)
+        try:
+            data = self.stream.read(n)
+        except BodyError:
+            raise
+        except TimeoutError:
+            raise self._timeout(idle=not self.limits.expired()) from None
+        except Exception as e:   # the server's reader gave up (a socket shut by the request's deadline, a bad chunk)
+            if self.limits.expired():
+                raise self._timeout(idle=False) from None
+            raise self._fail(400, "Bad Request", f"request body could not be read after {self.raw_bytes} bytes: "
+                                                 f"{type(e).__name__}") from None
         if not data:
+            if self.limits.expired():
+                raise self._timeout(idle=False)
             if self.remaining:
                 raise self._fail(400, "Bad Request",
                                  f"request body ended after {self.raw_bytes} of {self.length} bytes")
@@ -114,6 +147,8 @@ class Body:
         self.raw_bytes += len(data)
         if self.remaining is not None:
             self.remaining -= len(data)
+        if self.limits.max_push_bytes and self.raw_bytes > self.limits.max_push_bytes:
+            raise self._too_large("push")
         return data
 
     def read(self, n: int = CHUNK) -> bytes:
@@ -130,8 +165,18 @@ class Body:
                 self._pending = self._inflate.decompress(raw, CHUNK)
             except zlib.error as e:
                 raise self._fail(400, "Bad Request", f"corrupt gzip request body: {e}") from None
+            self._check_inflated()
         out, self._pending = self._pending[:n], self._pending[n:]
         return out
+
+    def _check_inflated(self) -> None:
+        self.inflated += len(self._pending)
+        if self.limits.max_push_bytes and self.inflated > self.limits.max_push_bytes:
+            raise self._too_large("inflated push")
+        consumed = self.raw_bytes - len(self._inflate.unconsumed_tail)
+        ratio = self.limits.inflate_ratio
+        if ratio and self.inflated > INFLATE_FREE and self.inflated > ratio * max(consumed, 1):
+            raise self._fail(413, "Payload Too Large", f"gzip request body inflates more than {ratio} times its size")
 
     def read_all(self, limit: int) -> bytes:
         """The whole body, refusing more than LIMIT bytes after inflation."""
@@ -147,13 +192,16 @@ class Body:
                                  "try setting GIT_HTTP_MAX_REQUEST_BUFFER")
 
 
-def read_upload_request(stream: IO[bytes], length: Optional[int], gzip: bool, max_buffer: int) -> bytes:
-    """Buffer an upload-pack request in full, as stock does, with its limits."""
+def read_upload_request(stream: IO[bytes], length: Optional[int], gzip: bool, max_buffer: int,
+                        limits: Limits = UNLIMITED) -> bytes:
+    """Buffer an upload-pack request in full, as stock does, with its limits
+    (and LIMITS' timeouts; ASPEN_MAX_PUSH_BYTES is for pushes)."""
+    limits = dataclasses.replace(limits, max_push_bytes=0)
     if length is not None and length > max_buffer:
         raise BodyError(413, "Payload Too Large",
                         f"request was larger than our maximum size ({max_buffer}): {length}; "
                         "try setting GIT_HTTP_MAX_REQUEST_BUFFER")
-    raw = Body(stream, length, False).read_all(max(max_buffer, 8192))
+    raw = Body(stream, length, False, limits).read_all(max(max_buffer, 8192))
     if not gzip:
         return raw
     import io

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from typing import Iterator
 
 from ..refs import RefSnapshot
@@ -89,13 +91,54 @@ class FileBody:
         self.file.close()
 
 
+def _opened_path(fd: int, path: str) -> str:
+    """Where the open file really is (race-free through /proc; realpath otherwise)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
+def within(base: str, real: str) -> bool:
+    base = os.path.realpath(base).rstrip("/")
+    return real == base or real.startswith(base + "/")
+
+
+def _servable(gitdir: str, name: str, real: str) -> bool:
+    """Inside the repository (or its objects directory, which may be linked
+    elsewhere as a whole), and not inside Aspen's own state: the ref store,
+    response cache and stored packs are never files to serve."""
+    roots = [gitdir] + ([os.path.join(gitdir, "objects")] if name.startswith("objects/") else [])
+    if not any(within(r, real) for r in roots):
+        return False
+    private = [os.path.join(gitdir, "aspen")] + [os.environ[k] for k in ("ASPEN_STATE_DIR", "ASPEN_CACHE_DIR")
+                                                 if os.environ.get(k)]
+    return not any(within(p, real) for p in private)
+
+
 def local_file(gitdir: str, name: str, prefix: list[tuple[str, str]], content_type: str) -> Response:
+    """send_local_file(), serving only regular files inside the repository.
+
+    Stock follows a symbolic link anywhere (objects/pack/pack-<h>.pack ->
+    /etc/passwd is served) and blocks forever on a FIFO; Aspen answers both
+    as a missing file (404), so the dumb routes never serve a file from
+    outside the repository's real directory, nor Aspen's state."""
     path = os.path.join(gitdir, name)
     try:
-        f = open(path, "rb")
-        st = os.fstat(f.fileno())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise HttpError(404, "Not Found", f"Cannot open '{name}': {e.strerror}", headers=prefix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            why = os.strerror(errno.EISDIR) if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise HttpError(404, "Not Found", f"Cannot open '{name}': {why}", headers=prefix)
+        if not _servable(gitdir, name, _opened_path(fd, path)):
+            raise HttpError(404, "Not Found", f"Cannot open '{name}': outside the repository", headers=prefix)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
     hdrs = prefix + [("Content-Length", str(st.st_size)), ("Content-Type", content_type),
                      ("Last-Modified", H.date(st.st_mtime))]
     return Response(200, "OK", hdrs, FileBody(f, st.st_size))

@@ -4,7 +4,10 @@ WSGI adapter and the backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import IO, Callable, Iterable, Mapping, Optional
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+
+if TYPE_CHECKING:
+    from .limits import Limits
 
 
 @dataclass
@@ -12,6 +15,7 @@ class Request:
     env: Mapping[str, str]      # CGI meta-variables and server settings, as stock sees its environment
     input: IO[bytes]            # the request body as sent; readers stop at Content-Length or EOF
     content_length: Optional[int] = None  # None: read to EOF (chunked)
+    limits: Optional["Limits"] = None     # the adapter's request limits (http/limits.py); None: from env
 
 
 @dataclass

@@ -30,6 +30,16 @@ class Command:
     def is_create(self) -> bool:
         return self.old == ZERO
 
+    @property
+    def utf8_ref(self) -> bool:
+        """Was the ref name valid UTF-8? (Undecodable bytes are kept as surrogates;
+        the ref store keeps names as text, so Aspen refuses them as funny.)"""
+        try:
+            self.ref.encode("utf-8")
+            return True
+        except UnicodeEncodeError:
+            return False
+
 
 @dataclass(frozen=True)
 class PushRequest:

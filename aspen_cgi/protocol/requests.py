@@ -77,7 +77,9 @@ V2Request = Union[FetchRequest, LsRefsRequest, OtherCommand, None]
 def _int(value: str, what: str) -> int:
     if not re.fullmatch(r"-?[0-9]+", value):
         raise ProtocolError(f"invalid {what} '{value[:40]}'")
-    n = int(value)
+    # past any C integer git parses into, and past the digits int() converts: out of range
+    digits = value.lstrip("-").lstrip("0") or "0"
+    n = (int(digits) if len(digits) <= 20 else 1 << 64) * (-1 if value[0] == "-" else 1)
     if what == "deepen" and (n <= 0 or n >= 1 << 31):
         raise ProtocolError(f"invalid deepen: {value}")
     return n

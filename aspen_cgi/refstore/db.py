@@ -3,11 +3,20 @@
 The file is in WAL mode; writers take the write lock up front (BEGIN
 IMMEDIATE) and wait for it within a bound, retrying the whole transaction
 when SQLite still reports the database busy, so contention is a wait and
-never an error a client sees. Writers of one database first queue on an
-flock of `<file>-writer` (the kernel wakes the next as one ends), so many
-concurrent pushes do not poll SQLite's busy handler, which sleeps up to
-100 ms between tries. Schema changes are numbered migrations made
-with sqlite-utils and recorded in PRAGMA user_version.
+never an error a client sees. Writers of one database first take turns
+on an flock of `<file>-writer` (looked at again every few milliseconds, up
+to the caller's patience), so many concurrent pushes do not poll SQLite's
+busy handler, which sleeps up to 100 ms between tries. Schema changes are
+numbered migrations made with sqlite-utils and recorded in PRAGMA
+user_version.
+
+How long a busy database is waited for is the caller's patience
+(`patience()`): a request that only reads refs gives up after READ_WAIT
+and is served from the disk; a push waits up to ASPEN_STORE_WAIT seconds
+(`store_wait()`); the command line and background builders wait
+RETRY_SECONDS. No single statement waits longer than BUSY_MS, so another
+process holding the file locked (even with PRAGMA locking_mode=EXCLUSIVE,
+which blocks readers too) costs a request at most its patience.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
@@ -22,12 +32,20 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
 from .model import StoredRef, Update, Version
 
 SCHEMA_VERSION = 3
-BUSY_MS = 20000          # one wait for the write lock
-RETRY_SECONDS = 120.0    # total patience before a busy database becomes an error
+BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
+RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
+READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
+STORE_WAIT_ENV = "ASPEN_STORE_WAIT"
+STORE_WAIT = 30.0        # a push's default patience for a locked store
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
 Error = sqlite3.Error
+
+
+class Unstorable(sqlite3.DataError):
+    """Refs the store cannot hold: a ref name that is not UTF-8, which git
+    itself made (update-ref, another server). Their readers serve the disk."""
 
 
 class Busy(Exception):
@@ -37,6 +55,7 @@ class Busy(Exception):
 class _Connection(sqlite3.Connection):
     """A connection that holds the file its writers queue on."""
     writer_fd: Optional[int] = None
+    busy_ms: int = BUSY_MS
 
     def close(self) -> None:
         fd, self.writer_fd = self.writer_fd, None
@@ -54,13 +73,17 @@ def connect(path: str) -> Conn:
     conn = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None, check_same_thread=False,
                            factory=_Connection)
     try:
-        conn.writer_fd = os.open(path + "-writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        pass                                    # no turn-taking: SQLite's own wait still applies
-    conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
-    conn.execute("PRAGMA synchronous=NORMAL")   # WAL: a commit survives kill -9 of the process
-    if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-        _migrate(conn)
+        try:
+            conn.writer_fd = os.open(path + "-writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            pass                                    # no turn-taking: SQLite's own wait still applies
+        conn.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+        conn.execute("PRAGMA synchronous=NORMAL")   # WAL: a commit survives kill -9 of the process
+        if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            _migrate(conn)
+    except BaseException:
+        conn.close()                                # busy (locked elsewhere) or broken: not kept half-open
+        raise
     return conn
 
 
@@ -123,31 +146,86 @@ def _migrate(conn: Conn) -> None:
 
 # -- transactions ---------------------------------------------------------------------
 
-def _retry(fn: Callable[[], T]) -> T:
-    deadline = time.monotonic() + RETRY_SECONDS
+_patience = threading.local()
+
+
+def store_wait(env) -> float:
+    """ASPEN_STORE_WAIT: seconds a push waits for a ref store another process holds locked."""
+    raw = env.get(STORE_WAIT_ENV) or os.environ.get(STORE_WAIT_ENV)
+    try:
+        return max(0.0, float(raw)) if raw else STORE_WAIT
+    except ValueError:
+        return STORE_WAIT
+
+
+@contextmanager
+def patience(seconds: float, keep_outer: bool = False) -> Iterator[None]:
+    """Within the block, a busy database is retried for at most SECONDS in all
+    (from the start of each retried call). KEEP_OUTER: an enclosing block's
+    patience wins (a push opening the store waits as long as the push may)."""
+    outer = getattr(_patience, "seconds", None)
+    if keep_outer and outer is not None:
+        yield
+        return
+    _patience.seconds = seconds
+    try:
+        yield
+    finally:
+        _patience.seconds = outer
+
+
+def retry(fn: Callable[[], T]) -> T:
+    """FN(), run again while the database is busy, within the caller's patience."""
+    return _retry(fn)
+
+
+def _busy(e: sqlite3.OperationalError) -> bool:
+    return "locked" in str(e) or "busy" in str(e)
+
+
+def _deadline() -> float:
+    seconds = getattr(_patience, "seconds", None)
+    return time.monotonic() + (RETRY_SECONDS if seconds is None else seconds)
+
+
+def _retry(fn: Callable[[], T], deadline: Optional[float] = None) -> T:
+    deadline = _deadline() if deadline is None else deadline
     delay = 0.005
     while True:
         try:
             return fn()
         except sqlite3.OperationalError as e:
-            if "locked" not in str(e) and "busy" not in str(e):
+            if not _busy(e):
                 raise
-            if time.monotonic() > deadline:
+            if time.monotonic() + delay > deadline:
                 raise Busy(str(e)) from e
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
 
 
+TURN_POLL = 0.005         # the longest sleep between two looks at the writers' turn
+
+
 @contextmanager
-def _writer_turn(conn: Conn) -> Iterator[None]:
+def _writer_turn(conn: Conn, deadline: float) -> Iterator[None]:
+    """This database's writers one at a time, each waiting at most until
+    DEADLINE (Busy after): the turn is looked at again within TURN_POLL of
+    its release, where SQLite's busy handler sleeps up to 100 ms."""
     fd = getattr(conn, "writer_fd", None)
-    if fd is None:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        fd = None
+    if fd is not None:
+        pause = 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() + pause > deadline:
+                    raise Busy("another writer of this ref store held its turn past the wait") from None
+                time.sleep(pause)
+                pause = min(pause * 2, TURN_POLL)
+            except OSError:
+                fd = None
+                break
     try:
         yield
     finally:
@@ -157,18 +235,35 @@ def _writer_turn(conn: Conn) -> Iterator[None]:
 
 def write(conn: Conn, fn: Callable[[Conn], T]) -> T:
     """Run FN(conn) inside one write transaction, retried as a whole while
-    busy, after this database's other writers (see the module's note)."""
-    with _writer_turn(conn):
-        return _retry(lambda: _write_once(conn, fn))
+    busy, after this database's other writers (see the module's note). The
+    patience counts from the call, the turn included: a request waits no
+    longer than its patience behind writers held up by a lock taken elsewhere."""
+    deadline = _deadline()
+    with _writer_turn(conn, deadline):
+        return _retry(lambda: _write_once(conn, fn, deadline), deadline)
 
 
-def _write_once(conn: Conn, fn: Callable[[Conn], T]) -> T:
+def _bound_wait(conn: Conn, deadline: float) -> None:
+    """SQLite's own wait for the lock: BUSY_MS, or what is left of the patience."""
+    ms = int(min(BUSY_MS, max(0.0, deadline - time.monotonic()) * 1000))
+    if getattr(conn, "busy_ms", BUSY_MS) != ms:
+        conn.execute(f"PRAGMA busy_timeout={ms}")
+        conn.busy_ms = ms
+
+
+def _write_once(conn: Conn, fn: Callable[[Conn], T], deadline: float) -> T:
     def run() -> T:
+        _bound_wait(conn, deadline)
         conn.execute("BEGIN IMMEDIATE")
         try:
             out = fn(conn)
             conn.execute("COMMIT")
             return out
+        except UnicodeEncodeError as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            bad = e.object[e.start:e.end].encode("utf-8", "surrogateescape") if isinstance(e.object, str) else b""
+            raise Unstorable(f"a ref name is not valid UTF-8 ({bad!r})") from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

@@ -200,6 +200,9 @@ def _packed_cached(gitdir: str) -> dict[str, DiskRef]:
     return refs
 
 
+MAX_DEPTH = 100   # deeper refs go to git: os.makedirs recurses once per directory level
+
+
 class LooseWrite:
     """The common push written in-process with git's files-backend protocol:
     `<ref>.lock` created exclusively, the old value checked under the lock,
@@ -224,9 +227,13 @@ class LooseWrite:
         for c in changes:
             if c.new == ZERO or not c.ref.startswith("refs/") or not check_refname_format(c.ref):
                 return False
+            if c.ref.startswith("refs/heads/") and c.otype != "commit":
+                return False    # git refuses a non-commit on a branch ("trying to write non-commit object")
             if os.path.lexists(os.path.join(self.gitdir, "logs", *c.ref.split("/"))):
                 return False
             parts = c.ref.split("/")
+            if len(parts) > MAX_DEPTH:
+                return False
             for i in range(2, len(parts)):
                 prefix = "/".join(parts[:i])
                 if prefix in packed or os.path.isfile(os.path.join(self.gitdir, *parts[:i])):
@@ -291,8 +298,17 @@ def stale_locks(gitdir: str, older_than: float) -> list[str]:
     now = time.time()
     out = []
     candidates = [os.path.join(gitdir, "packed-refs.lock"), os.path.join(gitdir, "HEAD.lock")]
-    for base, _, files in os.walk(os.path.join(gitdir, "refs")):
-        candidates += [os.path.join(base, f) for f in files if f.endswith(".lock")]
+    stack = [os.path.join(gitdir, "refs")]
+    while stack:     # not os.walk, which recurses once per level: a ref may be 1,000 directories deep
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.name.endswith(".lock"):
+                        candidates.append(e.path)
+        except OSError:
+            pass
     for path in candidates:
         try:
             if now - os.stat(path).st_mtime > older_than:

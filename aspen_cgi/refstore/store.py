@@ -104,7 +104,8 @@ class RefStore:
                 if not create:
                     return None
                 os.makedirs(sdir, exist_ok=True)
-            return cls(gitdir, env, _connection(path), path)
+            # a file locked by another process is waited for within the caller's patience (db.Busy after)
+            return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
         except (OSError, db.Error):
             return None
 
@@ -195,10 +196,12 @@ class RefStore:
         when the disk still holds its old value, void it when the disk moved on.
         Returns the number of versions finished."""
         done = 0
+        me = owner_id()
         for vid, owner, at in db.pending_versions(self.conn):
-            if (self.path, vid) in _inflight or owner_alive(owner):
+            # this process's own version not in flight: its writer failed after the disk
+            # was written (the store refused to mark it done), so it is finished here
+            if (self.path, vid) in _inflight or (owner != me and owner_alive(owner)):
                 continue
-            me = owner_id()
 
             if not db.write(self.conn, lambda conn, vid=vid, owner=owner: db.claim_pending(conn, vid, owner, me)):
                 continue
@@ -311,9 +314,16 @@ class RefStore:
             if err:
                 tx.close()
                 return err
+        tried: list[tuple[str, int]] = []     # (path, version) of each attempt, marked in flight by _insert
         try:
-            vid = db.write(self.conn, lambda conn: self._insert(conn, changes, meta))
-            _inflight.add((self.path, vid))
+            try:
+                vid = db.write(self.conn, lambda conn: self._insert(conn, changes, meta, tried))
+            except BaseException:
+                for key in tried:
+                    _inflight.discard(key)
+                raise
+            for key in set(tried) - {(self.path, vid)}:     # attempts that were rolled back
+                _inflight.discard(key)
             try:
                 fault("store-committed", self.env)
                 err = tx.commit()
@@ -321,15 +331,24 @@ class RefStore:
                     self._finish(vid, [c.ref for c in changes])
                     return err
                 fault("disk-written", self.env)
-                self._finish(vid, [])
+                try:
+                    self._finish(vid, [])
+                except (db.Error, db.Busy):
+                    # The refs are on disk and the version is in the store: the push is
+                    # done. Marking it done is left to the next request's recover().
+                    pass
             finally:
                 _inflight.discard((self.path, vid))
             return None
         finally:
             tx.close()
 
-    def _insert(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta) -> int:
+    def _insert(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
+                tried: list[tuple[str, int]]) -> int:
         vid = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "pending", owner_id())
+        # in flight before the version can be seen: recover() in another thread of this process leaves it alone
+        tried.append((self.path, vid))
+        _inflight.add((self.path, vid))
         current = db.refs_named(conn, [c.ref for c in changes])
         rows = []
         for c in changes:

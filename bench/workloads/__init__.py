@@ -26,9 +26,9 @@ version packs add `packs_wait_ms` (and `pack_files`, `packs_bytes`).
 """
 
 from .base import WORKLOADS, Workload, WorkloadContext, register
-from . import adverts, clones, fetches, pushes, randomfetch, storms  # each registers its workloads
+from . import adverts, clones, fetches, memory, pushes, randomfetch, storms  # each registers its workloads
 
-_FAMILIES = (adverts, clones, fetches, pushes, randomfetch, storms)
+_FAMILIES = (adverts, clones, fetches, memory, pushes, randomfetch, storms)
 
 ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
          "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch"]

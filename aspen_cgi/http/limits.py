@@ -1,0 +1,76 @@
+"""Per-request limits, read from the request's environment and the process
+environment like the other ASPEN_* settings:
+
+    ASPEN_MAX_PUSH_BYTES   bound on a receive-pack request body (raw, and inflated
+                           when gzipped); 0 = unlimited, as stock (git size units: 500m, 2g)
+    ASPEN_IDLE_TIMEOUT     seconds without a byte from the client while reading the body,
+                           or without the client taking response bytes (default 60; 0 = none)
+    ASPEN_REQUEST_TIMEOUT  wall-clock seconds per request (default 3600; 0 = none)
+
+A gzip request body that inflates to more than INFLATE_RATIO times its raw
+size past the first INFLATE_FREE bytes is refused: pack data is already
+compressed, so such a body is a bomb, whatever the size bound."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from ..repoconfig import ConfigError, parse_size
+
+DEFAULT_IDLE_TIMEOUT = 60.0
+DEFAULT_REQUEST_TIMEOUT = 3600.0
+INFLATE_RATIO = 1000
+INFLATE_FREE = 1 << 20
+
+
+def _get(env: Mapping[str, str], name: str) -> str:
+    return (env.get(name) or os.environ.get(name) or "").strip()
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return max(0.0, float(_get(env, name) or default))
+    except ValueError:
+        return default
+
+
+def _size(env: Mapping[str, str], name: str) -> int:
+    try:
+        return parse_size(_get(env, name) or "0")
+    except ConfigError:
+        return 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_push_bytes: int = 0                       # 0: unlimited
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT    # 0: none
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT  # 0: none
+    started: float = 0.0                          # time.monotonic() when the request began
+    inflate_ratio: int = INFLATE_RATIO            # gzip bomb guard; 0: none
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], started: Optional[float] = None) -> "Limits":
+        return cls(_size(env, "ASPEN_MAX_PUSH_BYTES"),
+                   _seconds(env, "ASPEN_IDLE_TIMEOUT", DEFAULT_IDLE_TIMEOUT),
+                   _seconds(env, "ASPEN_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT),
+                   time.monotonic() if started is None else started)
+
+    @property
+    def deadline(self) -> Optional[float]:
+        """The monotonic time the request must end by, or None."""
+        return self.started + self.request_timeout if self.request_timeout > 0 else None
+
+    def remaining(self) -> Optional[float]:
+        d = self.deadline
+        return None if d is None else d - time.monotonic()
+
+    def expired(self) -> bool:
+        left = self.remaining()
+        return left is not None and left <= 0
+
+
+UNLIMITED = Limits(0, 0.0, 0.0, 0.0, 0)
