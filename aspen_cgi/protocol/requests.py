@@ -173,6 +173,11 @@ def _want_section_line(req: FetchRequest, line: str) -> None:
 _FETCH_FLAGS = {"thin-pack", "no-progress", "include-tag", "ofs-delta"}
 
 
+# git 2.39's serve.c: a capability line naming anything else makes upload-pack die ("unknown capability")
+V2_CAPABILITIES = frozenset(("agent", "ls-refs", "fetch", "server-option", "object-format", "session-id",
+                             "object-info"))
+
+
 def parse_v2(data: bytes) -> V2Request:
     """One v2 command: `command=X`, capability lines, delim, arguments, flush."""
     packets: list[Packet] = [p for p, _ in parse(data)]
@@ -190,8 +195,10 @@ def parse_v2(data: bytes) -> V2Request:
             if command is not None:
                 raise ProtocolError("command supplied twice")
             command = line[8:]
-        else:
+        elif line.split("=", 1)[0] in V2_CAPABILITIES:
             caps.append(line)
+        else:
+            raise ProtocolError(f"unknown capability '{line[:80]}'")
         i += 1
     if command is None:
         raise ProtocolError("no command requested")
