@@ -16,7 +16,7 @@ from typing import Callable, Generator, Mapping, Optional, Sequence
 
 from . import gitexec
 from .protocol.push import PackHeader
-from .refstore.owners import owner_alive, owner_id
+from .refstore.owners import owner_alive, owner_id, pid_alive
 
 CHUNK = 65536
 
@@ -119,7 +119,7 @@ def sweep_stale(objects: str) -> list[str]:
                 m = _KEEP_LINE.match(f.read(512).decode("utf-8", "replace").strip())
         except OSError:
             continue
-        if m is None or m.group(2) != host or _pid_alive(int(m.group(1))):
+        if m is None or m.group(2) != host or pid_alive(int(m.group(1))):
             continue
         try:
             os.unlink(path)
@@ -127,16 +127,6 @@ def sweep_stale(objects: str) -> list[str]:
         except OSError:
             pass
     return gone
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _pack_priority(name: str) -> tuple[int, str]:

@@ -26,6 +26,8 @@ from typing import Optional
 
 import pytest
 
+from bench.faults import told_ok
+
 from . import harness as h
 from .harness import verify_ok, versions
 from . import pushkit as pk
@@ -106,16 +108,6 @@ def locks(repo: Path) -> list[str]:
     """git's lock files, and the packed-refs.new it writes under packed-refs.lock."""
     found = list(repo.rglob("*.lock")) + [p for p in [repo / "packed-refs.new"] if p.exists()]
     return sorted(str(p.relative_to(repo)) for p in found)
-
-
-def told_ok(porcelain: str) -> set[str]:
-    """Refs the client was told were updated (`git push --porcelain` status lines)."""
-    out = set()
-    for line in porcelain.splitlines():
-        parts = line.split("\t")
-        if len(parts) >= 3 and parts[0] in (" ", "+", "-", "*") and ":" in parts[1]:
-            out.add(parts[1].split(":", 1)[1])
-    return out
 
 
 def start(server_factory, root: Path, tmp_path: Path, point: Optional[str], **env: str) -> h.Server:

@@ -55,6 +55,11 @@ def owner_alive(owner: Optional[str]) -> bool:
         return True     # another host's writer: not ours to judge
     if start != "-":
         return _start_time(pid) == start
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Is there a process PID on this host (whoever owns it)?"""
     try:
         os.kill(pid, 0)
         return True
