@@ -181,7 +181,9 @@ class Server:
     port: int = 0
     proc: Optional[subprocess.Popen] = None
     log: Optional[Path] = None
-    threads: int = 8               # gunicorn threads per worker (2 workers)
+    threads: int = 8               # gunicorn threads per worker
+    workers: int = 2
+    timeout: int = 120             # gunicorn's worker timeout, seconds
 
     def __post_init__(self) -> None:
         _servers.append(self)   # its repositories' ref stores are verified once it has stopped
@@ -199,7 +201,7 @@ class Server:
         self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
         self.proc = subprocess.Popen(
             [GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", str(self.threads),
-             "--workers", "2", "--timeout", "120", "aspen_cgi.wsgi:application"],
+             "--workers", str(self.workers), "--timeout", str(self.timeout), "aspen_cgi.wsgi:application"],
             env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
             cwd=str(Path(__file__).resolve().parent.parent))
         pattern = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+) \(%d\)" % self.proc.pid)

@@ -34,26 +34,17 @@ class OneWorker(h.Server):
     """h.Server with a single gthread worker of THREADS threads: a worker held by
     one request blocks the next, so "the next request is served" proves it was freed."""
     threads: int = 1
+    workers: int = 1
+    timeout: int = 300
 
     def start(self) -> "OneWorker":
-        env = dict(os.environ)
-        env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1", "ASPEN_ACCESS_LOG": "1"})
-        env.update(self.env)
-        self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
-        self.proc = subprocess.Popen(
-            [h.GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", str(self.threads),
-             "--workers", "1", "--timeout", "300", "aspen_cgi.wsgi:application"],
-            env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, cwd=h.REPO_DIR)
-        pattern = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+) \(%d\)" % self.proc.pid)
+        self.env = {"ASPEN_ACCESS_LOG": "1", **self.env}
+        super().start()
         deadline = time.time() + 30
-        while time.time() < deadline:
-            m = pattern.search(self.log_text())
-            if m and self.worker() is not None:
-                self.port = int(m.group(1))
-                return self
-            assert self.proc.poll() is None, self.log_text()
+        while self.worker() is None:
+            assert self.proc.poll() is None and time.time() < deadline, self.log_text()
             time.sleep(0.05)
-        raise AssertionError("gunicorn did not start")
+        return self
 
     def worker(self):
         kids = _children(self.proc.pid)
