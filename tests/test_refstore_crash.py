@@ -4,7 +4,8 @@ store equals the disk, nothing is left pending or locked, and the server's
 refs are what the client was told.
 
 Fault points (aspen_cgi/refstore/store.py `fault`, tests only), in push order:
-after-intake, after-hooks, store-committed (the store has the version, the
+after-intake, after-hooks, refs-locked (the ref locks taken, the version not
+yet in the store: the locks must not outlive the writer), store-committed (the store has the version, the
 disk not yet), disk-written (the disk has it, the version is not marked
 done), reported (the report went to the client). The serving worker SIGKILLs
 itself there; the test then kill -9s the rest of the server (master and
@@ -35,7 +36,7 @@ from .pushkit import ZERO
 
 pytestmark = pytest.mark.timeout(120)
 
-POINTS = ["after-intake", "after-hooks", "store-committed", "disk-written", "reported"]
+POINTS = ["after-intake", "after-hooks", "refs-locked", "store-committed", "disk-written", "reported"]
 # From here on the version is in the store: the push must end up applied (roll forward).
 ROLL_FORWARD = {"store-committed", "disk-written", "reported"}
 

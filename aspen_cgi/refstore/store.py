@@ -24,7 +24,7 @@ import time
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from .. import refs as refs_mod
-from . import db, diskrefs, fingerprint, segments, views
+from . import db, diskrefs, fingerprint, reflocks, segments, views
 from .owners import fault, owner_alive, owner_id
 from .model import (ZERO, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
                     Version, VersionMeta, VerifyReport, Visits)
@@ -117,6 +117,7 @@ class RefStore:
         return self.version
 
     def _sync(self) -> int:
+        reflocks.sweep(os.path.dirname(self.path))
         latest, stored_fp, pending = db.head(self.conn)
         if latest == 0:
             return self._import()
@@ -304,9 +305,12 @@ class RefStore:
         if not changes:
             return None
         tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
+        held: Optional[str] = None
         if fast:
             tx = diskrefs.LooseWrite(self.gitdir)
-            if not tx.prepare(changes):
+            if tx.prepare(changes):
+                held = reflocks.claim(os.path.dirname(self.path), [lock for lock, _ in tx.locks])
+            else:
                 tx = None
         if tx is None:
             tx = diskrefs.UpdateRef(self.gitdir, self.env)
@@ -314,6 +318,7 @@ class RefStore:
             if err:
                 tx.close()
                 return err
+        fault("refs-locked", self.env)
         tried: list[tuple[str, int]] = []     # (path, version) of each attempt, marked in flight by _insert
         try:
             try:
@@ -342,6 +347,7 @@ class RefStore:
             return None
         finally:
             tx.close()
+            reflocks.release(held)
 
     def _insert(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                 tried: list[tuple[str, int]]) -> int:
