@@ -37,7 +37,12 @@ def _open(repo: str):
         store.sync()
     except db.Unstorable as e:
         raise SystemExit(f"aspen: the ref store cannot hold the refs of {repo}: {e}; they are served from disk")
+    if store.imported:
+        _RECORDED.append(gitdir)
     return store
+
+
+_RECORDED: list[str] = []       # the repositories this command recorded as version 1 (pre-warmed after an import)
 
 
 def _when(at: float) -> str:
@@ -158,6 +163,18 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0 if t.tips else 1
 
 
+def _depth1_entries(items) -> dict[str, int]:
+    """Depth-1 clones' entries by what they hold: git's answer (stock, the wide
+    one being built), the wide one, or git's kept for good."""
+    from .cache.entries import DEPTH1_LABELS, depth1_of
+    counts = {label: 0 for label in DEPTH1_LABELS.values()}
+    for e in items:
+        label = DEPTH1_LABELS.get(depth1_of(e.path) or 0)
+        if label:
+            counts[label] += 1
+    return counts
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     from . import admission
     from .cache import evict, responses, stats
@@ -180,7 +197,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
                      "bytes_computed": c.bytes["cold"] + c.bytes["uncached"], "evictions": c.counts["evicted"],
                      "evicted_bytes": c.bytes["evicted"], "abandoned": c.counts["abandoned"],
                      "entries": len(items), "entry_bytes": sum(e.size for e in items),
-                     "max_bytes": settings.max_bytes})
+                     "max_bytes": settings.max_bytes, "depth1_wide": c.counts["depth1_wide"],
+                     "depth1_kept": c.counts["depth1_kept"], "depth1_entries": _depth1_entries(items)})
     g = admission.gauges(admission.limits(os.environ))
     server = {"cold_running": g.running, "queue_depth": g.queued}
     if args.json:
@@ -196,6 +214,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         print(f"  bytes served from cache {r['bytes_from_cache']:,}  computed {r['bytes_computed']:,}")
         print(f"  entries {r['entries']} ({r['entry_bytes']:,} of {r['max_bytes']:,} bytes)  "
               f"evictions {r['evictions']} ({r['evicted_bytes']:,} bytes)  abandoned {r['abandoned']}")
+        d1 = r["depth1_entries"]
+        print(f"  depth-1 clones: entries stock {d1['stock']}, wide {d1['wide']}, stock-kept {d1['stock-kept']}; "
+              f"made wide in the background {r['depth1_wide']}, kept git's {r['depth1_kept']}")
     print(f"server: cold computations running {server['cold_running']}, queue depth {server['queue_depth']}")
     return 0
 
@@ -290,7 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args)
+    rc = args.func(args)
+    if args.command == "import" and _RECORDED:
+        from .cache.depth1 import after_import
+        after_import(_RECORDED, dict(os.environ))     # their first depth-1 clones, before anyone asks
+    return rc
 
 
 if __name__ == "__main__":

@@ -210,9 +210,10 @@ def _ls_refs_lines(ctx, req: LsRefsRequest, snap: RefSnapshot) -> Iterator[bytes
 def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Iterable[bytes]:
     """The fallback responder: git's upload-pack, stateless, with the request
     as it came, once admission control gives it a slot (503 past the queue).
-    A depth-1 clone's pack is made with a wider delta search and
-    recompressed (packhook): built once, served to the whole storm."""
-    from . import admission, packhook
+    Always git's plain upload-pack, depth-1 clones too: their wider pack
+    (packhook) is built in the background for later clients (cache/depth1.py),
+    never while a client waits."""
+    from . import admission
     try:
         slot = admission.acquire(admission.limits(ctx.env), ctx.gitdir)
     except admission.Overloaded as e:
@@ -223,9 +224,7 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Ite
     if slot.waited_s:
         ctx.trace["queued_ms"] = round(slot.waited_s * 1000)
     try:
-        wide = packhook.upload_pack_config() if req is not None and packhook.wants_wide_pack(req, ctx.env) else []
-        stream = gitexec.git_stream([*wide, "upload-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env,
-                                    input=data)
+        stream = gitexec.git_stream(["upload-pack", "--stateless-rpc", "."], cwd=ctx.gitdir, env=ctx.env, input=data)
     except BaseException:
         slot.release()
         raise
@@ -256,18 +255,70 @@ class _Admitted:
 
 def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     """The answer through the response cache (hit, shared, cold), or computed
-    here when the cache is off."""
+    here when the cache is off.
+
+    A depth-1 clone (packhook.wants_wide_pack) that misses is answered by
+    git's plain upload-pack (`depth1=stock`), and its wide answer is built in
+    the background for the requests after (cache/depth1.py); later hits get
+    whichever the entry holds (`depth1=wide` once built). Pre-warm (no
+    client waits) builds the wide answer at once."""
+    from . import packhook
     from .cache import responses
     from .refstore.store import state_dir
+    depth1 = packhook.wants_wide_pack(req, ctx.env)
+    if depth1:
+        ctx.trace["depth1"] = "stock"
     settings = responses.settings(state_dir(ctx.gitdir, ctx.env), ctx.env)
     if settings is None:
         return compute(ctx, req, data)
-    answer = responses.answer(settings, _cache_key(ctx, data), lambda: compute(ctx, req, data), ctx.log)
+    key = _cache_key(ctx, data)
+    interim = None
+    if depth1:
+        from .cache import depth1 as wide
+        job = wide.Job(settings, key.name, key.version, ctx.gitdir, dict(ctx.env), data)
+        interim = lambda: wide.kick(job, background.IN_PROCESS)      # noqa: E731
+        if wide.no_client(ctx.env) and not wide.done(job):
+            ctx.trace.update(cache="prewarm", depth1="wide")
+            return _prewarmed(ctx, wide.build(job, wait=True, log=ctx.log.append),
+                              lambda: _cached(ctx, responses.answer(settings, key, lambda: compute(ctx, req, data),
+                                                                    ctx.log, interim)))
+    return _cached(ctx, responses.answer(settings, key, lambda: compute(ctx, req, data), ctx.log, interim))
+
+
+def _cached(ctx, answer) -> Iterable[bytes]:
+    from .cache import responses
     ctx.trace["cache"] = answer.mark
     if isinstance(answer.body, responses.EntryFile):
+        from .cache.entries import DEPTH1_LABELS
         from .http.dumb import FileBody
+        if "depth1" in ctx.trace:           # what the entry holds (an entry older than the marks: unknown)
+            label = DEPTH1_LABELS.get(answer.body.depth1)
+            if label:
+                ctx.trace["depth1"] = label
+            else:
+                del ctx.trace["depth1"]
         return FileBody(answer.body.file, answer.body.length)
     return answer.body
+
+
+def _prewarmed(ctx, built: Iterator[bytes], otherwise) -> Iterator[bytes]:
+    """Pre-warm's answer: the wide one as it is built; when another build had
+    it (nothing came), the answer a client would get now (a hit)."""
+    sent = 0
+    try:
+        for chunk in built:
+            sent += len(chunk)
+            yield chunk
+    finally:
+        built.close()
+    if not sent:
+        body = otherwise()
+        try:
+            yield from body
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
 
 
 def _cache_key(ctx, data: bytes):

@@ -13,6 +13,14 @@ outcome, ref-store version); a kept entry is then renamed to NAME, an answer not
 read it to the end. A `.part` whose producer died holds no lock and no
 header: followers see it abandoned, and the next request removes it.
 
+A depth-1 clone's entry says in its outcome field (bits 8-15) which answer
+it holds: git's own (`stock`, while the wide one is built beside it), the
+wide pack (`wide`), or git's kept for good (`stock-kept`: the wide one was
+not smaller). A `Replacement` writes the wide answer to a locked temporary
+file and renames it over the entry: requests that opened the old file read
+it to its end; the new file is a new inode (and a new creation time in its
+header), so its CRC-32 is checked again.
+
 Single-flight: `.part` appears only through link(2) of a file already
 locked, so at most one producer per name exists at a time, across
 processes, and a visible `.part` is always either locked or finished.
@@ -34,6 +42,10 @@ MAGIC = b"ASPENC1\n"
 HEADER = struct.Struct(">8sQIIQQ")   # magic, body length, crc32, outcome, created (ns), ref-store version
 HEADER_SIZE = HEADER.size                  # 40
 KEPT, DISCARDED = 1, 2                     # outcomes: an entry for later requests, or only for its followers
+# what a depth-1 clone's entry holds (outcome bits 8-15); 0: not a depth-1 clone's
+DEPTH1_STOCK, DEPTH1_WIDE, DEPTH1_STOCK_KEPT = 1, 2, 3
+DEPTH1_LABELS = {DEPTH1_STOCK: "stock", DEPTH1_WIDE: "wide", DEPTH1_STOCK_KEPT: "stock-kept"}
+_OUTCOME_AT = 20                           # the outcome field's offset in the header
 CHUNK = 65536
 SUFFIX = ".entry"
 
@@ -53,16 +65,23 @@ class Header:
     crc: int
     outcome: int
     version: int = 0
+    depth1: int = 0         # DEPTH1_* or 0
+    created: int = 0        # ns
 
     @classmethod
     def read(cls, fd: int) -> Optional["Header"]:
         raw = os.pread(fd, HEADER_SIZE, 0)
         if len(raw) < HEADER_SIZE:
             return None
-        magic, length, crc, outcome, _, version = HEADER.unpack(raw)
-        if magic != MAGIC or outcome not in (KEPT, DISCARDED):
+        magic, length, crc, field, created, version = HEADER.unpack(raw)
+        outcome, depth1 = field & 0xFF, field >> 8
+        if magic != MAGIC or outcome not in (KEPT, DISCARDED) or depth1 not in (0, *DEPTH1_LABELS):
             return None
-        return cls(length, crc, outcome, version)
+        return cls(length, crc, outcome, version, depth1, created)
+
+
+def _header(length: int, crc: int, outcome: int, version: int, depth1: int) -> bytes:
+    return HEADER.pack(MAGIC, length, crc, outcome | depth1 << 8, time.time_ns(), version)
 
 
 class _Progress:
@@ -106,8 +125,9 @@ class Producer:
     """The one writer of an entry. write() raises OSError when the disk
     refuses (the caller abandons); finish() publishes the entry."""
 
-    def __init__(self, directory: str, name: str, fd: int, tmp: str, version: int = 0):
+    def __init__(self, directory: str, name: str, fd: int, tmp: str, version: int = 0, depth1: int = 0):
         self.version = version
+        self.depth1 = depth1
         self.directory = directory
         self.name = name
         self.fd = fd
@@ -122,8 +142,9 @@ class Producer:
             _local[self.part] = self.progress
 
     @classmethod
-    def begin(cls, directory: str, name: str, version: int = 0) -> Optional["Producer"]:
-        """The producer of NAME, or None when another one has it (or had it and finished)."""
+    def begin(cls, directory: str, name: str, version: int = 0, depth1: int = 0) -> Optional["Producer"]:
+        """The producer of NAME, or None when another one has it (or had it and
+        finished). DEPTH1: what the entry will hold (DEPTH1_STOCK, or 0)."""
         tmp = os.path.join(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
@@ -135,7 +156,7 @@ class Producer:
                 os.close(fd)
                 fd = -1
                 return None
-            return cls(directory, name, fd, tmp, version)
+            return cls(directory, name, fd, tmp, version, depth1)
         except BaseException:
             if fd >= 0:
                 os.close(fd)
@@ -186,25 +207,32 @@ class Producer:
     def spilled(self) -> bool:
         return self.progress.spill_at is not None
 
-    def finish(self, keep: bool) -> None:
-        """Write the header; publish a kept entry as NAME, unlink the rest."""
+    def finish(self, keep: bool) -> bool:
+        """Write the header; publish a kept entry as NAME, unlink the rest.
+        Git's depth-1 answer is not published over a wide one already there
+        (a pre-warm that ended first). True when published."""
         if self.spilled:
             self._close()
-            return
+            return False
+        dest = os.path.join(self.directory, self.name + SUFFIX)
+        if keep and self.depth1 == DEPTH1_STOCK and depth1_of(dest) in (DEPTH1_WIDE, DEPTH1_STOCK_KEPT):
+            keep = False
         outcome = KEPT if keep else DISCARDED
         try:
-            os.pwrite(self.fd, HEADER.pack(MAGIC, self.length, self.crc, outcome, time.time_ns(), self.version), 0)
+            os.pwrite(self.fd, _header(self.length, self.crc, outcome, self.version, self.depth1), 0)
         except OSError:
             self.abandon()
             raise
         try:
             if keep:
-                os.rename(self.part, os.path.join(self.directory, self.name + SUFFIX))
+                os.rename(self.part, dest)
             else:
                 os.unlink(self.part)
         except OSError:
             _unlink_quiet(self.part)
+            keep = False
         self._close()
+        return keep
 
     def abandon(self) -> None:
         """Stop without a header: followers see the entry abandoned."""
@@ -328,10 +356,11 @@ class EntryFile:
     """A complete, verified entry opened for sending: a real file (sendfile
     works on it) positioned at the body; `length` bytes follow."""
 
-    def __init__(self, file, length: int, path: str):
+    def __init__(self, file, length: int, path: str, depth1: int = 0):
         self.file = file
         self.length = length
         self.path = path
+        self.depth1 = depth1
 
 
 _verified: dict[tuple, bool] = {}
@@ -351,7 +380,10 @@ def open_complete(directory: str, name: str) -> Optional[EntryFile]:
     try:
         st = os.fstat(f.fileno())
         header = Header.read(f.fileno())
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        # the file's identity and its header's: a replacement (renamed over the
+        # entry) or a re-marked header is checked again, even on a reused inode
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                 header and (header.crc, header.created, header.depth1))
         ok = header is not None and header.outcome == KEPT and st.st_size == HEADER_SIZE + header.length
         if ok:
             with _verified_lock:
@@ -368,7 +400,7 @@ def open_complete(directory: str, name: str) -> Optional[EntryFile]:
             remove_if_same(path, st.st_ino)
             return None
         f.seek(HEADER_SIZE)
-        return EntryFile(f, header.length, path)
+        return EntryFile(f, header.length, path, header.depth1)
     except OSError:
         f.close()
         return None
@@ -402,6 +434,94 @@ def touch(path: str) -> None:
         os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
     except OSError:
         pass
+
+
+def peek(path: str) -> Optional[Header]:
+    """The header of the complete entry at PATH (not checked further), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        header = Header.read(fd)
+        return header if header is not None and header.outcome == KEPT else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def depth1_of(path: str) -> Optional[int]:
+    """What the complete entry at PATH holds (DEPTH1_* or 0), or None when there is none."""
+    header = peek(path)
+    return None if header is None else header.depth1
+
+
+def mark_stock_kept(path: str) -> bool:
+    """Re-mark the stock depth-1 entry at PATH as kept for good (its wide
+    answer was not smaller): one byte of its header, in place."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        header = Header.read(fd)
+        if header is None or header.outcome != KEPT or header.depth1 != DEPTH1_STOCK:
+            return False
+        os.pwrite(fd, struct.pack(">I", KEPT | DEPTH1_STOCK_KEPT << 8), _OUTCOME_AT)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+class Replacement:
+    """A complete entry written beside NAME, then renamed over it (or made
+    NAME): a temporary file flocked while written (sweep_parts leaves it be),
+    unlinked when abandoned."""
+
+    def __init__(self, directory: str, name: str, version: int):
+        self.path = os.path.join(directory, name + SUFFIX)
+        self.tmp = os.path.join(directory, f".{name}.wide.{os.getpid()}.{threading.get_ident()}.tmp")
+        self.version = version
+        self.fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.length = 0
+        self.crc = 0
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            os.pwrite(self.fd, b"\0" * HEADER_SIZE, 0)
+        except BaseException:
+            self.abandon()
+            raise
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, HEADER_SIZE + self.length)
+            self.crc = zlib.crc32(view[:n], self.crc)
+            self.length += n
+            view = view[n:]
+
+    def publish(self, depth1: int) -> None:
+        """The header, then the rename over NAME (atomic: a reader opens the old
+        file or the new one, never a mix)."""
+        try:
+            os.pwrite(self.fd, _header(self.length, self.crc, KEPT, self.version, depth1), 0)
+            os.rename(self.tmp, self.path)
+        except BaseException:
+            self.abandon()
+            raise
+        self._close()
+
+    def abandon(self) -> None:
+        _unlink_quiet(self.tmp)
+        self._close()
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def no_space(e: OSError) -> bool:

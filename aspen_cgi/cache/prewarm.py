@@ -62,7 +62,7 @@ def _upload_env(env: Mapping[str, str], body: bytes) -> dict[str, str]:
             out[key] = out[key][:-len("git-receive-pack")] + "git-upload-pack"
     out.update({"REQUEST_METHOD": "POST", "CONTENT_TYPE": "application/x-git-upload-pack-request",
                 "CONTENT_LENGTH": str(len(body)), "HTTP_GIT_PROTOCOL": "version=2", "GIT_PROTOCOL": "version=2",
-                "QUERY_STRING": "", "ASPEN_ACCESS_LOG": "0"})
+                "QUERY_STRING": "", "ASPEN_ACCESS_LOG": "0", "ASPEN_NO_CLIENT": "1"})   # cache/depth1.py
     return out
 
 

@@ -5,7 +5,12 @@ process, sent once complete to those of other processes; otherwise this request 
 computation (cold) in a producer thread that outlives its client, and
 follows it like every other request. Whatever goes wrong with the cache
 (full disk, corrupt entry, a producer that died before the first byte) the
-request computes its answer itself (uncached): never an error."""
+request computes its answer itself (uncached): never an error.
+
+An interim answer (git's own for a depth-1 clone, see cache/depth1.py) is
+marked so in its entry; INTERIM() is called once that entry is published,
+and again by hits that find it still interim (it starts the better
+answer's build in the background, at most one at a time)."""
 
 from __future__ import annotations
 
@@ -75,14 +80,15 @@ def _make_room(s: Settings, need: int) -> bool:
     return removed > 0
 
 
-def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
+def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
+           interim: Optional[Callable[[], None]] = None) -> Answer:
     try:
         os.makedirs(s.directory, exist_ok=True)
     except OSError:
         return _uncached(s, compute)
     name = key.name
     for _ in range(3):
-        hit = _complete(s, name, "hit")
+        hit = _complete(s, name, "hit", interim)
         if hit is not None:
             return hit
         follower = Follower.open(s.directory, name)
@@ -94,14 +100,15 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
             # by a full disk there, which this process could not make good.
             follower.wait_end()
             follower.close()
-            hit = _complete(s, name, "shared")
+            hit = _complete(s, name, "shared", interim)
             if hit is not None:
                 return hit
             continue
         if not _room(s):
             break
         try:
-            producer = Producer.begin(s.directory, name, key.version)
+            producer = Producer.begin(s.directory, name, key.version,
+                                      entries.DEPTH1_STOCK if interim is not None else 0)
         except OSError:
             break
         if producer is None:
@@ -113,19 +120,30 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list) -> Answer:
             break
         producer.make_room = lambda need: _make_room(s, need)
         follower = Follower(fd, producer.part, producer.progress)
-        threading.Thread(target=_produce, args=(s, producer, compute), name="aspen-cache-producer").start()
+        threading.Thread(target=_produce, args=(s, producer, compute, interim),
+                         name="aspen-cache-producer").start()
         return Answer("cold", _followed(s, follower, "cold", compute, log))
     return _uncached(s, compute)
 
 
-def _complete(s: Settings, name: str, mark: str) -> Optional[Answer]:
-    """NAME's complete entry as an answer marked MARK, counted and touched; or None."""
+def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], None]] = None) -> Optional[Answer]:
+    """NAME's complete entry as an answer marked MARK, counted and touched; or
+    None. An entry still interim calls INTERIM."""
     hit = entries.open_complete(s.directory, name)
     if hit is None:
         return None
     entries.touch(hit.path)
     stats.record(s.directory, mark, hit.length)
+    if interim is not None and hit.depth1 == entries.DEPTH1_STOCK:
+        _call(interim)
     return Answer(mark, hit)
+
+
+def _call(interim: Callable[[], None]) -> None:
+    try:
+        interim()
+    except Exception:   # noqa: BLE001  (background work that would make later answers better: never an error)
+        pass
 
 
 def _uncached(s: Settings, compute: Compute) -> Answer:
@@ -168,8 +186,10 @@ def _followed(s: Settings, follower: Follower, mark: str, compute: Compute, log:
     stats.record(s.directory, mark, follower.sent)
 
 
-def _produce(s: Settings, producer: Producer, compute: Compute) -> None:
+def _produce(s: Settings, producer: Producer, compute: Compute,
+             interim: Optional[Callable[[], None]] = None) -> None:
     body = None
+    published = False
     try:
         body = compute()
         for chunk in body:
@@ -182,7 +202,7 @@ def _produce(s: Settings, producer: Producer, compute: Compute) -> None:
             if removed:
                 stats.record(s.directory, "evicted", freed)
             evict.sweep_parts(s.directory)
-        producer.finish(keep)
+        published = producer.finish(keep)
     except BaseException as e:   # the thread's end: followers learn of it from the entry
         producer.progress.error = e
         producer.abandon()
@@ -190,3 +210,5 @@ def _produce(s: Settings, producer: Producer, compute: Compute) -> None:
         close = getattr(body, "close", None)
         if close is not None:
             close()
+    if published and interim is not None:
+        _call(interim)

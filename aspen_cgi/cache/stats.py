@@ -10,7 +10,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-EVENTS = ("hit", "shared", "cold", "uncached", "prewarm", "evicted", "overloaded", "abandoned")
+EVENTS = ("hit", "shared", "cold", "uncached", "prewarm", "evicted", "overloaded", "abandoned",
+          "depth1_wide", "depth1_kept")      # depth-1 entries made wide in the background, or kept git's
 LOG, TOTALS, LOCK = "events.log", "totals.json", "stats.mutex"
 FOLD_AT = 1 << 20
 

@@ -90,6 +90,7 @@ class RefStore:
         self.conn = conn
         self.path = path
         self.version = 0
+        self.imported = False       # this store's sync recorded the repository (version 1)
 
     @classmethod
     def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
@@ -130,6 +131,7 @@ class RefStore:
 
     def _import(self) -> int:
         def tx(conn: db.Conn) -> int:
+            self.imported = False
             if db.latest_version(conn):
                 return db.latest_version(conn)
             fp = fingerprint.take(self.gitdir)
@@ -141,6 +143,7 @@ class RefStore:
             db.put_refs(conn, rows, v)
             db.set_state(conn, "fingerprint", fp.digest if fp.trusted else None)
             db.set_state(conn, "compacted_through", "1")
+            self.imported = True
             return v
         return db.write(self.conn, tx)
 

@@ -1,0 +1,342 @@
+"""Depth-1 clones: git's answer now, the wide one for the clients after.
+
+A client's `git clone --depth 1` that misses the response cache is answered
+by git's own upload-pack (no packObjectsHook: stock's speed and bytes),
+single-flight through the cache as any answer; its entry is marked interim
+(`depth1=stock`). Once it is complete, `kick()` starts the wide answer's
+computation (upload-pack through packhook: a wider delta search and
+libdeflate) beside it: a thread at niceness 10 in a long-lived server
+(packs.background.IN_PROCESS), a detached `python -m aspen_cgi.cache.depth1`
+at niceness 10 under CGI; git and the hook inherit the niceness. `build()`
+writes that answer to a locked temporary file and renames it over the
+entry when it is smaller (`depth1=wide`); otherwise git's entry is kept for
+good (`depth1=stock-kept`). Requests that had the old file open read it to
+its end. No client ever waits for it.
+
+One build per entry at a time (a flock on `.NAME.wide.lock.tmp` in the
+cache directory, whose modification time also says when the last one was
+started: a hit on an interim entry starts another only when none runs and
+none started in the last RETRY_AFTER_S seconds), and one at a time on the
+machine (a flock in ASPEN_RUN_DIR): it only makes later answers smaller.
+None starts for an entry already wide or kept.
+
+Pre-warm (cache/prewarm.py, no client waiting: NO_CLIENT_ENV) computes the
+wide answer at once with `build()` too, beside any entry rather than as the
+entry being written, so that a client arriving meanwhile is answered by git
+at git's speed instead of following the wide computation."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Mapping, Optional
+
+from . import entries, evict, stats
+from .entries import DEPTH1_STOCK, DEPTH1_STOCK_KEPT, DEPTH1_WIDE, SUFFIX, Replacement
+
+NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer
+NICE = 10
+RETRY_AFTER_S = 60.0
+MACHINE_LOCK = "depth1-wide.lock"
+_ENV = ("ASPEN_DEPTH1_GITDIR", "ASPEN_DEPTH1_NAME", "ASPEN_DEPTH1_VERSION", "ASPEN_DEPTH1_REQUEST")
+
+
+def no_client(env: Mapping[str, str]) -> bool:
+    return env.get(NO_CLIENT_ENV) == "1"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One entry's wide answer to build: where the entry is (SETTINGS, NAME,
+    ref-store VERSION) and what computes it (the request DATA, run by git in
+    GITDIR with ENV)."""
+    settings: object            # responses.Settings
+    name: str
+    version: int
+    gitdir: str
+    env: Mapping[str, str]
+    data: bytes
+
+    @property
+    def entry(self) -> str:
+        return os.path.join(self.settings.directory, self.name + SUFFIX)
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.settings.directory, f".{self.name}.wide.lock.tmp")
+
+
+def wide_answer(job: Job) -> Iterable[bytes]:
+    """git's upload-pack with the depth-1 pack hook (packhook), as the request came."""
+    from .. import gitexec, packhook
+    return gitexec.git_stream([*packhook.upload_pack_config(), "upload-pack", "--stateless-rpc", "."],
+                              cwd=job.gitdir, env=dict(job.env), input=job.data)
+
+
+# -- locks ------------------------------------------------------------------------------------------
+
+def _try_lock(path: str) -> Optional[int]:
+    """PATH flocked (made if missing), or None when another holds it. The fd
+    is the file still at PATH (one unlinked meanwhile is not a lock)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _due(path: str) -> bool:
+    """May a build of this entry be started now: none runs, none started lately."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        if entries._lock_held(fd):
+            return False
+        return time.time() - os.fstat(fd).st_mtime >= RETRY_AFTER_S
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _machine_lock_path(env: Mapping[str, str]) -> Optional[str]:
+    from ..admission import limits
+    run_dir = limits(env).run_dir
+    try:
+        os.makedirs(run_dir, mode=0o1777, exist_ok=True)
+    except OSError:
+        return None
+    return os.path.join(run_dir, MACHINE_LOCK)
+
+
+def _room(settings) -> bool:
+    try:
+        st = os.statvfs(settings.directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= settings.reserve_bytes
+
+
+# -- the build --------------------------------------------------------------------------------------
+
+def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]] = wide_answer,
+          log: Optional[Callable[[str], None]] = None) -> Iterator[bytes]:
+    """Compute JOB's wide answer and put it in place of git's (or as the
+    entry, when there is none yet), yielding its bytes as they come. Returns
+    at once (nothing yielded) when another build of the entry runs (WAIT:
+    waits for it, yielding b"" while it waits) or the entry is already wide
+    or kept. Never raises for what it finds in the cache; a failing git
+    leaves git's entry kept for good."""
+    s = job.settings
+    fd = machine = -1
+    while True:
+        got = _try_lock(job.lock)
+        if got is not None:
+            fd = got
+            break
+        if not wait:
+            return
+        yield b""
+        time.sleep(0.05)
+    body = replacement = None
+    try:
+        os.utime(fd)
+        if done(job):
+            return
+        path = _machine_lock_path(job.env)
+        if path is not None:
+            try:
+                machine = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError:
+                machine = -1
+            while machine >= 0:
+                try:
+                    fcntl.flock(machine, fcntl.LOCK_EX | (fcntl.LOCK_NB if wait else 0))
+                    break
+                except BlockingIOError:
+                    yield b""
+                    time.sleep(0.05)
+            if done(job):
+                return
+        if not _room(s):
+            return
+        replacement = Replacement(s.directory, job.name, job.version)
+        body = compute(job)
+        for chunk in body:
+            try:
+                replacement.write(chunk)
+            except OSError as e:      # a full disk: git's entry stays; a hit a minute on tries again
+                if log is not None:
+                    log(f"aspen: the wide depth-1 answer could not be written ({e}); git's is kept\n")
+                return
+            yield chunk
+        rc = getattr(body, "returncode", 0)
+        current = entries.peek(job.entry)
+        if current is not None and current.depth1 != DEPTH1_STOCK:
+            return                                        # made wide (or kept) meanwhile
+        if rc not in (0, None):
+            if current is not None and entries.mark_stock_kept(job.entry):
+                stats.record(s.directory, "depth1_kept", current.length)
+            if log is not None:
+                log(f"aspen: the wide depth-1 answer failed (git exit {rc}); git's is kept\n")
+            return
+        if current is not None and current.length <= replacement.length:
+            if entries.mark_stock_kept(job.entry):
+                stats.record(s.directory, "depth1_kept", current.length)
+            return
+        size = entries.HEADER_SIZE + replacement.length
+        if size > s.max_bytes:
+            return
+        if current is None:
+            removed, freed = evict.evict(s.directory, s.max_bytes, need=size)
+            if removed:
+                stats.record(s.directory, "evicted", freed)
+        replacement.publish(DEPTH1_WIDE)
+        replacement = None
+        stats.record(s.directory, "depth1_wide", size - entries.HEADER_SIZE)
+    finally:
+        if replacement is not None:
+            replacement.abandon()
+        close = getattr(body, "close", None)
+        if close is not None:
+            close()
+        if machine >= 0:
+            os.close(machine)
+        os.close(fd)
+
+
+def done(job: Job) -> bool:
+    """Is there nothing left to build: the entry is wide, kept, or not a depth-1 interim one."""
+    depth1 = entries.depth1_of(job.entry)
+    return depth1 is not None and depth1 != DEPTH1_STOCK
+
+
+# -- starting it ------------------------------------------------------------------------------------
+
+def kick(job: Job, in_process: bool) -> bool:
+    """Start JOB's build in the background unless one runs or started lately
+    (or the entry is done); True when started. Never raises."""
+    try:
+        if not _due(job.lock) or done(job):
+            return False
+        with open(job.lock, "ab"):
+            pass
+        os.utime(job.lock)
+        if in_process:
+            threading.Thread(target=_in_thread, args=(job,), name="aspen-depth1-wide", daemon=True).start()
+            return True
+        return _detached(job)
+    except Exception as e:   # noqa: BLE001  (a background nicety: say why, fail nothing)
+        sys.stderr.write(f"aspen: could not start the wide depth-1 answer of {job.gitdir}: {e}\n")
+        return False
+
+
+def _in_thread(job: Job) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)   # this thread and its children
+    except (OSError, AttributeError):
+        pass
+    try:
+        for _ in build(job, log=sys.stderr.write):
+            pass
+    except Exception as e:   # noqa: BLE001
+        sys.stderr.write(f"aspen: the wide depth-1 answer of {job.gitdir} failed: {e}\n")
+
+
+def _detached(job: Job) -> bool:
+    import tempfile
+    from .. import gitexec
+    fd, request = tempfile.mkstemp(prefix=f".{job.name}.request.", suffix=".tmp", dir=job.settings.directory)
+    try:
+        os.write(fd, job.data)
+    finally:
+        os.close(fd)
+    child = {k: v for k, v in job.env.items() if k not in _ENV}
+    child.update(zip(_ENV, (job.gitdir, job.name, str(job.version), request)))
+    try:
+        gitexec.detached([sys.executable, "-m", "aspen_cgi.cache.depth1"], env=child)
+    except OSError:
+        os.unlink(request)
+        raise
+    return True
+
+
+def after_import(gitdirs: list[str], env: Mapping[str, str]) -> None:
+    """Pre-warm the depth-1 clones of HEAD's branch of the repositories
+    `aspen import` recorded as version 1, as after a push (cache/prewarm.py),
+    once the import is done: one detached pre-warmer at niceness NICE for
+    them all, one after the other, with this command's environment and each
+    repository addressed as GIT_PROJECT_ROOT (its parent directory) serves
+    it. Its entries are the server's when the server's configuration
+    environment is the same (user, HOME, GIT_CONFIG_*, ASPEN_CACHE_DIR or
+    ASPEN_STATE_DIR)."""
+    from .. import gitexec
+    from . import prewarm
+    if prewarm.policy(env) == "off" or not gitdirs:
+        return
+    child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE", *_ENV)}
+    try:
+        gitexec.detached([sys.executable, "-m", "aspen_cgi.cache.depth1", "prewarm", *gitdirs], env=child)
+    except OSError as e:
+        sys.stderr.write(f"aspen: could not start the pre-warm: {e}\n")
+
+
+def _prewarm_imported(gitdirs: list[str]) -> int:
+    from . import prewarm
+    for gitdir in gitdirs:
+        real = os.path.realpath(gitdir)
+        env = {k: v for k, v in os.environ.items() if k not in ("PATH_TRANSLATED", "GIT_PROJECT_ROOT")}
+        env.update(GIT_PROJECT_ROOT=os.path.dirname(real), GIT_HTTP_EXPORT_ALL="1",
+                   PATH_INFO="/" + os.path.basename(real) + "/git-upload-pack")
+        try:
+            prewarm.run(real, env)
+        except Exception as e:   # noqa: BLE001  (deleted meanwhile, or broken: the next one)
+            sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Detached, at niceness NICE: `prewarm GITDIR...` (after_import), or the
+    wide build of the job in the environment (CGI, kick())."""
+    from ..refstore.store import state_dir
+    from . import responses
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+    if argv[:1] == ["prewarm"]:
+        return _prewarm_imported(argv[1:])
+    gitdir, name, version, request = (os.environ.get(k, "") for k in _ENV)
+    try:
+        with open(request, "rb") as f:
+            data = f.read()
+        os.unlink(request)
+    except OSError:
+        return 1
+    env = {k: v for k, v in os.environ.items() if k not in _ENV}
+    settings = responses.settings(state_dir(gitdir, env), env)
+    if settings is None or not name:
+        return 0
+    for _ in build(Job(settings, name, int(version or 0), gitdir, env, data), log=sys.stderr.write):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
