@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "same repository, and write results/<date>-<machine>/.")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD", help="workload names (see `aspen-bench list`), or `all`")
     r.add_argument("--targets", default=DEFAULT_TARGETS,
-                   help="comma-separated: aspen, stock, stock-apache, url:NAME=URL (default %(default)s)")
+                   help="comma-separated: aspen, aspen-packs, aspen-git, stock, stock-apache, url:NAME=URL "
+                        "(default %(default)s)")
     src = r.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=_preset_names(), default=None,
                      help="generate a repository of this size (default tiny with --quick, else small)")
@@ -65,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seconds", type=float, help="writers: how long the writers push")
     r.add_argument("--readers", type=int, help="writers: R readers polling and fetching meanwhile")
     r.add_argument("--clients", type=int, help="clone-concurrency: C clients at once")
-    r.add_argument("--fetches", type=int, help="random-fetch: F random fetches")
-    r.add_argument("--protocols", help="random-fetch: protocol versions the fetches take in turn (default 0,2)")
+    r.add_argument("--fetches", type=int, help="random-fetch, lagging-clients: F verified fetches per target")
+    r.add_argument("--protocols",
+                   help="random-fetch, lagging-clients: protocol versions the fetches take in turn (default 0,2)")
     r.add_argument("--history", type=int, help="history-clone: K trunk pushes before the clones (default 1000)")
     r.add_argument("--cpu-fetches", type=int,
                    help="warm-fetch: extra identical fetches per repetition for the server CPU (default 4)")

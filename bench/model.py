@@ -31,15 +31,16 @@ class Measurement:
     metrics: dict = field(default_factory=dict)     # e.g. {"wall_ms": 812.0, "bytes": 123456, "failures": 0}
     samples: list = field(default_factory=list)     # raw latencies in ms, for CDFs and percentiles
     notes: str = ""
+    extra: dict = field(default_factory=dict)       # raw data kept in raw.jsonl, never tabulated (per-fetch rows)
 
 
 @dataclass
 class TargetInfo:
     """What a workload needs to know about a running target."""
-    name: str                 # "aspen", "stock", "stock-apache", or a user-given name
+    name: str                 # "aspen", "aspen-packs", "aspen-git", "stock", "stock-apache", or a user-given name
     url: str                  # base URL through the counting proxy, e.g. http://127.0.0.1:PORT
     root: Optional[Path]      # directory of repositories it serves (None for URL targets)
     pids: list = field(default_factory=list)   # server process ids whose CPU/RSS we may read (tree roots)
     can_push: bool = True
     plan_log: Optional[Path] = None             # Aspen's log with per-request lines, when known
-    version_packs: bool = False                 # builds version packs after pushes (aspen-packs)
+    version_packs: bool = False                 # builds version packs after pushes (aspen, aspen-packs)

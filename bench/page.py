@@ -15,10 +15,11 @@ METHOD = """\
 Every figure comes from `aspen-bench` (`bench/`), measured side by side in the
 same run on the same machine:
 
-- **Targets.** Aspen under gunicorn (`aspen_cgi.wsgi:application`), without
-  (`aspen`) and with version packs (`aspen-packs`: `aspen import` before it
-  starts, each push builds its pack in the background, fetches planned and
-  spliced from stored packs); stock
+- **Targets.** Aspen under gunicorn (`aspen_cgi.wsgi:application`) with the
+  product's defaults (`aspen`: version packs on, built by the server itself in
+  the background after pushes, fetches planned and spliced from stored
+  packs), the same pre-imported (`aspen-packs`: `aspen import` before it
+  starts) and with version packs off (`aspen-git`: every fetch is git's); stock
   `git http-backend` behind the same gunicorn through a WSGI-to-CGI bridge
   (`stock`); stock under Apache CGI where Apache is installed
   (`stock-apache`); any other server by URL. Each target serves its own copy

@@ -4,7 +4,7 @@ Layout of `results/<YYYY-MM-DD>-<machine tag>/`:
 
     raw.jsonl      one header record per run ({"type": "run", "run": id, "machine": {...}, "args": {...}}),
                    one record per Measurement ({"type": "measurement", "run": id, "workload", "target",
-                   "params", "metrics", "samples", "notes"}), and one per workload that produced
+                   "params", "metrics", "samples", "notes", "extra"}), and one per workload that produced
                    nothing ({"type": "failure", "run": id, "workload", "error"})
     machine.json   the machine record of the latest run
     tables.md      per workload: Aspen/stock ratios first, then absolute medians per target
@@ -62,13 +62,14 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             "cpu_fetches", "cpu_failures", "history", "history_push_failures", "protocol")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
 WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
-                  "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch")
+                  "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
+                  "lagging-clients")
 BASELINE = "stock"
-SUBJECT = "aspen"          # the subject; every `aspen-*` target (aspen-packs) is one too
+SUBJECT = "aspen"          # the subject; every `aspen-*` target (aspen-packs, aspen-git) is one too
 
 
 def is_subject(target: str) -> bool:
-    """Aspen targets, whose medians are divided by the baseline's: aspen, aspen-packs, ..."""
+    """Aspen targets, whose medians are divided by the baseline's: aspen, aspen-packs, aspen-git, ..."""
     return target == SUBJECT or target.startswith(SUBJECT + "-")
 
 
@@ -217,7 +218,8 @@ def load(folder: Path) -> RunData:
             rows.append(Row(run, Measurement(
                 workload=obj.get("workload", "?"), target=obj.get("target", "?"),
                 params=obj.get("params") or {}, metrics=obj.get("metrics") or {},
-                samples=obj.get("samples") or [], notes=obj.get("notes") or "")))
+                samples=obj.get("samples") or [], notes=obj.get("notes") or "",
+                extra=obj.get("extra") or {})))
         elif kind == "failure":
             failures.append(Failure(obj.get("run", ""), obj.get("workload", "?"), obj.get("error", "")))
     return RunData(folder, headers, rows, failures)
@@ -427,7 +429,9 @@ def _shown(keys: list[tuple]) -> list[tuple]:
 # Shown in the main table next to the ratio metrics, whenever present.
 ALWAYS = ("failures", "plan_share", "plan", "why", "fallbacks", "planning_us", "versions_visited",
           "segments_visited", "visits_total", "visits_bound", "store_visits_total", "query_us", "extents",
-          "last_first")
+          "last_first",
+          # lagging-clients: the per-fetch ratio to stock's same fetch (Aspen targets only)
+          "ratio_p50", "ratio_p99", "ratio_max", "over_2pct", "planned_ratio_max", "planned_over_2pct")
 
 
 def _rows(by_params) -> list[tuple]:
@@ -506,9 +510,9 @@ def render_tables(measurements: list[Measurement], plots: Optional[list["PlotRes
     """Markdown: one section per workload (table, notes, plots)."""
     groups = group(measurements)
     out = [f"{heading} {title}", ""] + ([preface, ""] if preface else []) + [
-           f"Ratios are {SUBJECT.capitalize()}'s median (each Aspen target's: aspen, aspen-packs) over the "
-           "baseline's median (stock unless absent), both from the same run; below 1 means Aspen is smaller or "
-           "faster. "
+           f"Ratios are {SUBJECT.capitalize()}'s median (each Aspen target's: aspen, aspen-packs, aspen-git) "
+           "over the baseline's median (stock unless absent), both from the same run; below 1 means Aspen is "
+           "smaller or faster. "
            "Absolute columns are medians over repeats; times in ms (µs where the column says so, seconds for `cpu`), "
            "bytes as counted on the wire by the bench's proxy.", ""]
     if not groups:

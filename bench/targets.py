@@ -2,14 +2,19 @@
 own copy of the repositories and each behind its own CountingProxy.
 
 Target specs (the names `running()` takes):
-- `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`,
-                  version packs off (ASPEN_VERSION_PACKS=off): every fetch is git's;
-                  the response cache off unless env sets ASPEN_CACHE (the
-                  CLI turns it on for the storm workloads);
-- `aspen-packs`   the same, with version packs: `aspen import` over its copy
-                  before it starts, and each push builds its pack in the
-                  background (ASPEN_VERSION_PACKS=auto), so fetches can be
-                  planned and spliced from stored packs;
+- `aspen`         gunicorn (gthread) serving `aspen_cgi.wsgi:application`
+                  with the product's defaults (ASPEN_VERSION_PACKS not set,
+                  not even inherited: version packs on; no `aspen import`,
+                  so the server builds its packs itself in the background,
+                  the import's first); the response cache off unless env
+                  sets ASPEN_CACHE (the CLI turns it on for the storm
+                  workloads);
+- `aspen-packs`   the same, pre-imported: `aspen import` over its copy before
+                  it starts, otherwise the defaults (each push builds its pack
+                  in the background, fetches are planned and spliced from
+                  stored packs);
+- `aspen-git`     the same with version packs off (ASPEN_VERSION_PACKS=off):
+                  every fetch is git's upload-pack;
 - `stock`         the same gunicorn serving stock `git http-backend` through
                   `bench.cgibridge:application`;
 - `stock-apache`  stock `git http-backend` as a CGI under Apache (mod_cgi),
@@ -50,7 +55,9 @@ from .model import TargetInfo
 from .proxy import CountingProxy
 
 PROJECT = Path(__file__).resolve().parent.parent
-BUILTIN = ("aspen", "aspen-packs", "stock", "stock-apache")
+BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-apache")
+ASPEN_TARGETS = ("aspen", "aspen-packs", "aspen-git")     # gunicorn serving Aspen
+PACK_TARGETS = ("aspen", "aspen-packs")                   # ...that build version packs
 
 _PUSH_ENV = {"GIT_HTTP_EXPORT_ALL": "1", "GIT_CONFIG_COUNT": "1",
              "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
@@ -136,10 +143,11 @@ def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def _gunicorn(name: str, app: str, root: Path, workdir: Path, env: dict, workers: int, threads: int,
-              timeout: float) -> tuple[subprocess.Popen, int, Path]:
-    """Start gunicorn on 127.0.0.1:0 and read its port from its `Listening at:` line."""
+              timeout: float, unset: tuple = ()) -> tuple[subprocess.Popen, int, Path]:
+    """Start gunicorn on 127.0.0.1:0 and read its port from its `Listening at:` line.
+    Variables in UNSET are not inherited from the bench's environment (ENV may still set them)."""
     log = workdir / f"{name}.log"
-    full = dict(os.environ)
+    full = {k: v for k, v in os.environ.items() if k not in unset}
     full.update({"GIT_PROJECT_ROOT": str(root), **_PUSH_ENV})
     full.update(env)
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT), full.get("PYTHONPATH")]))
@@ -354,15 +362,17 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         repos = copy_root(Path(root), tdir / "repos")
     if name == "stock-apache":
         subprocess.run(["chmod", "-R", "a+rwX", str(repos)], check=True)
-    if name in ("aspen", "aspen-packs"):
+    if name in ASPEN_TARGETS:
         extra = {"ASPEN_ACCESS_LOG": "1", "ASPEN_CACHE": "off", "ASPEN_RUN_DIR": str(tdir / "run")}
-        extra["ASPEN_VERSION_PACKS"] = "off" if name == "aspen" else "auto"
+        if name == "aspen-git":
+            extra["ASPEN_VERSION_PACKS"] = "off"
         if name == "aspen-packs":
             for gitdir in sorted(p.parent for p in Path(repos).rglob("HEAD") if (p.parent / "objects").is_dir()):
                 subprocess.run([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", str(gitdir)], check=True,
                                cwd=str(PROJECT), stdout=subprocess.DEVNULL)
         proc, port, log = _gunicorn(name, "aspen_cgi.wsgi:application", repos, tdir,
-                                    {**extra, **(env or {})}, workers, threads, timeout)
+                                    {**extra, **(env or {})}, workers, threads, timeout,
+                                    unset=("ASPEN_VERSION_PACKS",))
     elif name == "stock":
         proc, port, log = _gunicorn(name, "bench.cgibridge:application", repos, tdir,
                                     {"ASPEN_BENCH_CGI": STOCK, **(env or {})}, workers, threads, timeout)
@@ -377,8 +387,8 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
     if name == "stock-apache":   # stock under /stock/ of apache/side-by-side.conf, pushes with the bench's password
         url = url.replace("://", f"://{APACHE_USER}:{APACHE_PASSWORD}@", 1) + "/stock"
     info = TargetInfo(name=name, url=url, root=repos, pids=[proc.pid],
-                      plan_log=log if name in ("aspen", "aspen-packs") else None,
-                      version_packs=name == "aspen-packs")
+                      plan_log=log if name in ASPEN_TARGETS else None,
+                      version_packs=name in PACK_TARGETS)
     return Target(info, proxy, proc, log, scratch=scratch)
 
 

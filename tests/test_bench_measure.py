@@ -38,10 +38,10 @@ def test_stale_branch_store_figures(tmp_path, root):
     """Both Aspen targets get the ref store's figures (store_ visits); the one with
     version packs also the plan trace of every fetch, checked in its notes."""
     from bench import targets
-    with targets.running_targets(["aspen", "aspen-packs"], root, tmp_path / "servers") as started:
+    with targets.running_targets(["aspen-git", "aspen-packs"], root, tmp_path / "servers") as started:
         rows = WORKLOADS["stale-branch"](_ctx(tmp_path, started, max_n=100, reps=2))
-    assert sorted((r.params["n"], r.target) for r in rows) == [(10, "aspen"), (10, "aspen-packs"),
-                                                               (100, "aspen"), (100, "aspen-packs")]
+    assert sorted((r.params["n"], r.target) for r in rows) == [(10, "aspen-git"), (10, "aspen-packs"),
+                                                               (100, "aspen-git"), (100, "aspen-packs")]
     for r in rows:
         m, n = r.metrics, r.params["n"]
         assert m["failures"] == 0, r.notes
@@ -53,8 +53,8 @@ def test_stale_branch_store_figures(tmp_path, root):
         assert m["query_us"] > 0 and m["tips_us"] > 0 and m["tips_found"] >= 1
         assert m["planned"] + m["fallback"] == 2                 # every fetch traced
     by = {(r.params["n"], r.target): r for r in rows}
-    assert by[(100, "aspen")].metrics["store_segments_visited"] >= 1   # N=100 is answered from compacted segments
-    assert by[(10, "aspen")].metrics["fallbacks"] == "not-built=2"     # no version packs: git answers
+    assert by[(100, "aspen-git")].metrics["store_segments_visited"] >= 1   # N=100 is answered from compacted segments
+    assert by[(10, "aspen-git")].metrics["fallbacks"] == "not-built=2"     # no version packs: git answers
     for n in (10, 100):
         packs = by[(n, "aspen-packs")]
         assert packs.metrics["packs_settled"] is True
@@ -147,22 +147,22 @@ def test_first_last_span_and_ratio():
 
 def test_push_history_summary_has_last_first(tmp_path, root):
     from bench import targets
-    with targets.running_targets(["aspen", "aspen-packs", "stock"], root, tmp_path / "servers") as started:
+    with targets.running_targets(["aspen-git", "aspen-packs", "stock"], root, tmp_path / "servers") as started:
         rows = WORKLOADS["push-history"](_ctx(tmp_path, started, pushes=20, window=10))
     summary = {r.target: r for r in rows if r.params["window"] == "all"}
-    for t in ("aspen", "aspen-packs", "stock"):
+    for t in ("aspen-git", "aspen-packs", "stock"):
         m = summary[t].metrics
         assert m["failures"] == 0 and m["span"] == 2
         assert m["last_first"] == pytest.approx(m["last_p50_ms"] / m["first_p50_ms"], abs=6e-4)   # rounded to 3 places
         assert m["server_cpu_s"] > 0                 # the tree's own pushes (and builds) over the history
-    for t in ("aspen", "aspen-packs"):
+    for t in ("aspen-git", "aspen-packs"):
         assert "issue target: last/first" in summary[t].notes
     packs = summary["aspen-packs"].metrics
     assert packs["packs_settled"] is True and packs["packs_pending"] == 0 and packs["pack_files"] >= 1
     assert "version packs caught up" in summary["aspen-packs"].notes
-    assert "packs_wait_ms" not in summary["aspen"].metrics
+    assert "packs_wait_ms" not in summary["aspen-git"].metrics
     md = results.render_tables(rows)
-    assert "p50 aspen/stock" in md and "p50 aspen-packs/stock" in md and "server cpu aspen-packs/stock" in md
+    assert "p50 aspen-git/stock" in md and "p50 aspen-packs/stock" in md and "server cpu aspen-packs/stock" in md
 
 
 # ---------------------------------------------------------------- tables and plots

@@ -153,13 +153,13 @@ def test_run_knobs_from_the_command_line():
 
 @pytest.fixture
 def bench_ctx(tmp_path):
-    """Aspen (without and with version packs) and stock, started by bench.targets
-    over copies of a tiny generated root."""
+    """Aspen with version packs off (aspen-git) and pre-imported (aspen-packs),
+    and stock, started by bench.targets over copies of a tiny generated root."""
     from bench import targets
     root = tmp_path / "root"
     root.mkdir()
     repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
-    with targets.running_targets(["aspen", "aspen-packs", "stock"], root, tmp_path / "servers") as started:
+    with targets.running_targets(["aspen-git", "aspen-packs", "stock"], root, tmp_path / "servers") as started:
         infos = [t.info for t in started]
         yield WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
                               roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
@@ -168,7 +168,7 @@ def bench_ctx(tmp_path):
 
 def test_warm_fetch_end_to_end(bench_ctx):
     rows = WORKLOADS["warm-fetch"](bench_ctx)
-    assert sorted(r.target for r in rows) == ["aspen", "aspen-packs", "stock"]
+    assert sorted(r.target for r in rows) == ["aspen-git", "aspen-packs", "stock"]
     for r in rows:
         assert r.metrics["failures"] == 0 and r.metrics["cpu_failures"] == 0, r.notes
         assert r.metrics["verified"] is True
@@ -177,10 +177,10 @@ def test_warm_fetch_end_to_end(bench_ctx):
         assert r.metrics["pack_bytes"] > 0
         assert r.metrics["cpu_fetches"] == 3 and r.metrics["server_cpu_s"] > 0   # quick: 1 timed + 2 more
     by = {r.target: r.metrics for r in rows}
-    assert by["aspen"]["plan"] == "fallback" and by["aspen"]["plan_share"] == 0
-    assert by["aspen"]["fallbacks"] == "not-built=3"                        # every fetch traced, none planned
+    assert by["aspen-git"]["plan"] == "fallback" and by["aspen-git"]["plan_share"] == 0
+    assert by["aspen-git"]["fallbacks"] == "not-built=3"                        # every fetch traced, none planned
     assert by["aspen-packs"]["planned"] + by["aspen-packs"]["fallback"] == 3
-    assert by["aspen-packs"]["packs_wait_ms"] >= 0 and "packs_wait_ms" not in by["aspen"]
+    assert by["aspen-packs"]["packs_wait_ms"] >= 0 and "packs_wait_ms" not in by["aspen-git"]
     assert "plan" not in by["stock"] and "plan_share" not in by["stock"]
     # the same commits were pushed to every target, so their bytes compare
     refs = [gitclient.local_refs(bench_ctx.roots[t.name] / "bench.git") for t in bench_ctx.targets]
@@ -198,9 +198,9 @@ def test_depth1_clone_and_random_fetch_end_to_end(bench_ctx):
         assert r.metrics["bytes"] > 0
         assert r.params["protocols"] == "0,2" and r.metrics["fetches_v0"] == r.metrics["fetches_v2"] == 2
     by = {r.target: r.metrics for r in rows}
-    for t in ("aspen", "aspen-packs"):
+    for t in ("aspen-git", "aspen-packs"):
         assert by[t]["planned"] + by[t]["fallback"] == 4 and 0 <= by[t]["plan_share"] <= 1
-    assert by["aspen"]["fallbacks"] == "not-built=4" and "packs_wait_ms" in by["aspen-packs"]
+    assert by["aspen-git"]["fallbacks"] == "not-built=4" and "packs_wait_ms" in by["aspen-packs"]
     assert "plan_share" not in by["stock"]
     bench_ctx.params.update(fetches=2, protocols="2", wait_packs=0)
     for r in WORKLOADS["random-fetch"](bench_ctx):
@@ -212,7 +212,7 @@ def test_history_clone_end_to_end(bench_ctx):
     bench_ctx.params.update(history=6, reps=2)
     rows = WORKLOADS["history-clone"](bench_ctx)
     by = {r.target: r.metrics for r in rows}
-    assert set(by) == {"aspen", "aspen-packs", "stock"}
+    assert set(by) == {"aspen-git", "aspen-packs", "stock"}
     for t, m in by.items():
         assert m["failures"] == 0 and m["verified"] is True and m["history_push_failures"] == 0, t
         assert m["history"] == 6 and m["reps"] == 2 and m["pack_bytes"] > 0 and m["server_cpu_s"] > 0
@@ -222,7 +222,7 @@ def test_history_clone_end_to_end(bench_ctx):
     assert packs["planned"] + packs["fallback"] == 2
     if packs["planned"]:
         assert packs["extents"] >= 1
-    assert by["aspen"]["fallbacks"] == "not-built=2" and "packs_wait_ms" not in by["aspen"]
+    assert by["aspen-git"]["fallbacks"] == "not-built=2" and "packs_wait_ms" not in by["aspen-git"]
     # the same history reached every target
     refs = [gitclient.local_refs(bench_ctx.roots[t.name] / "bench.git")["refs/heads/main"] for t in bench_ctx.targets]
     assert len(set(refs)) == 1
@@ -231,3 +231,46 @@ def test_history_clone_end_to_end(bench_ctx):
 def test_gitclient_failure_is_a_result(tmp_path):
     r = gitclient.ls_remote("http://127.0.0.1:9/nothing.git", timeout=30)
     assert not r.ok and r.wall_ms > 0 and r.stderr_tail
+
+
+def test_lagging_clients_end_to_end(tmp_path):
+    """lagging-clients at its quick sizes on aspen (the product's defaults) and
+    stock: every fetch verified, a per-fetch row with its ratio to stock's same
+    fetch on both targets, the ratio metrics on aspen, and raw.jsonl keeps the rows."""
+    from bench import results, targets
+    from bench.machine import MachineInfo
+    root = tmp_path / "root"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
+    with targets.running_targets(["aspen", "stock"], root, tmp_path / "servers") as started:
+        infos = [t.info for t in started]
+        assert [(i.name, i.version_packs) for i in infos] == [("aspen", True), ("stock", False)]
+        ctx = WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
+                              roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
+                              params={}, procs={i.name: list(i.pids) for i in infos})
+        rows = WORKLOADS["lagging-clients"](ctx)
+    by = {r.target: r for r in rows}
+    assert set(by) == {"aspen", "stock"}
+    for t, r in by.items():
+        m = r.metrics
+        assert m["fetches"] == 12 and m["verified"] == 12 and m["failures"] == 0, (t, r.notes)
+        assert m["push_failures"] == 0 and m["pushes"] >= 3 + 10 + 11 * 3
+        assert m["fetches_v0"] == m["fetches_v2"] == 6 and m["exchange_bytes"] > 0
+        fetched = r.extra["fetches"]
+        assert [f["i"] for f in fetched] == list(range(12))
+        assert {f["shape"] for f in fetched} == {"mirror", "branch"} and {f["k"] for f in fetched} <= {1, 3, 10}
+        for f in fetched:
+            assert f["verified"] and f["exchange_bytes"] > 0 and f["base_exchange_bytes"] > 0, f
+            assert f["ratio"] is not None and "pack_ratio" in f
+    assert all(f["ratio"] == 1 for f in by["stock"].extra["fetches"])             # the baseline's own
+    assert all("plan" in f for f in by["aspen"].extra["fetches"])                 # every fetch traced
+    aspen = by["aspen"].metrics
+    for key in ("ratio_p50", "ratio_p99", "ratio_max", "ratio_total", "over_2pct", "pack_ratio_p50",
+                "pack_ratio_max", "planned_compared", "planned_over_2pct", "worst_fetch", "compared", "plan_share"):
+        assert key in aspen, key
+    assert aspen["compared"] == 12 and "ratio_p50" not in by["stock"].metrics
+    w = results.ResultsWriter(tmp_path / "res", MachineInfo())
+    w.add(rows)
+    loaded = {r.m.target: r.m for r in results.load(tmp_path / "res").rows}
+    assert loaded["aspen"].extra["fetches"][3]["ratio"] == by["aspen"].extra["fetches"][3]["ratio"]
+    assert "lagging-clients" in results.render_tables([r.m for r in results.load(tmp_path / "res").rows])

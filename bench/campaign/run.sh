@@ -88,6 +88,8 @@ else
     --protocols "${BENCH_PROTOCOLS:-0,2}" \
     || step 3600 random-fetch --preset "${BENCH_RANDOM_PRESET:-small}" --fetches "$small_f" \
     --protocols "${BENCH_PROTOCOLS:-0,2}" || failed+=(random-fetch)
+  step "${BENCH_LAGGING_LIMIT:-3600}" lagging-clients --preset "${BENCH_LAGGING_PRESET:-small}" \
+    --fetches "${BENCH_LAGGING_FETCHES:-120}" --protocols "${BENCH_PROTOCOLS:-0,2}" || failed+=(lagging-clients)
 fi
 
 echo "== $(date -u +%T) report" | tee -a "$log" >&2

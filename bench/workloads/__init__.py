@@ -8,10 +8,12 @@ Knobs (`ctx.params`, quick default in brackets): reps (per workload), jobs 200 [
 and pool (= jobs) for storms, max_n 10000 [100], pushes 10000 [200] and window
 100 [50] for push-history, writers 16 [4], readers 4 [2], seconds 30 [5],
 clients 16 [4], fetches 200 [20] and protocols "0,2" and wait_packs 1 for
-random-fetch, refs 5000 [500] for ref-advertisement, history 1000 [50] for
-history-clone, cpu_fetches 4 [2] for warm-fetch, packs_timeout (seconds a
-version-packs target is given to build its packs: 600 after one push, 1800
-after histories), seed 1, protocol 2 (or 0).
+random-fetch (lagging-clients: fetches 120 [12], branches 4 [3], behind
+"1,2,5,10,20,50" ["1,3,10"], pushes_between 3, time_limit 3600 [600]), refs
+5000 [500] for ref-advertisement, history 1000 [50] for history-clone,
+cpu_fetches 4 [2] for warm-fetch, packs_timeout (seconds a version-packs
+target is given to build its packs: 600 after one push, 1800 after
+histories), seed 1, protocol 2 (or 0).
 
 Metric keys (wire bytes only when the target has a proxy): `bytes` (server to
 client), `request_bytes`, `exchange_bytes` (both ways), `pack_bytes`,
@@ -22,16 +24,18 @@ history-clone: `server_cpu_s` per fetch or clone); Aspen rows add the plan
 trace (common.PlanStats): `plan_share`, `planned`, `fallback`, `fallbacks`
 (why=count), `plan`, `why`, `planning_us`, `versions_visited`,
 `segments_visited`, `visits_total`, `extents`, `serve_ms`; targets that build
-version packs add `packs_wait_ms` (and `pack_files`, `packs_bytes`).
+version packs (aspen, aspen-packs) add `packs_wait_ms` (and `pack_files`,
+`packs_bytes`).
 """
 
 from .base import WORKLOADS, Workload, WorkloadContext, register
-from . import adverts, clones, fetches, memory, pushes, randomfetch, storms  # each registers its workloads
+from . import adverts, clones, fetches, lagging, memory, pushes, randomfetch, storms  # each registers its own
 
-_FAMILIES = (adverts, clones, fetches, memory, pushes, randomfetch, storms)
+_FAMILIES = (adverts, clones, fetches, lagging, memory, pushes, randomfetch, storms)
 
 ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
-         "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch"]
+         "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
+         "lagging-clients"]
 _ordered = {n: WORKLOADS[n] for n in ORDER if n in WORKLOADS}
 _ordered.update(WORKLOADS)   # any later-registered names keep their place after these
 WORKLOADS.clear()

@@ -100,7 +100,7 @@ def depth1_clone(ctx: WorkloadContext) -> list[Measurement]:
 def history_clone(ctx: WorkloadContext) -> list[Measurement]:
     """Full `--mirror` clones after a history of K trunk pushes (params history,
     default 1000, quick 50), each a real HTTP push of one commit, targets
-    interleaved push by push. A target that builds version packs (aspen-packs)
+    interleaved push by push. A target that builds version packs (aspen, aspen-packs)
     is first left to build them all, and to compact them when it does (no
     builder or lock in its packs directory, no version without its pack, the
     directory quiet for 1 s; bounded by params packs_timeout, default 1800 s):

@@ -37,7 +37,7 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
     more fetches of the same commit by copies of the client as it was before
     the fetch, divided by the number of fetches (1 + cpu_fetches), so the
     10 ms tick of reaped children weighs less. A target that builds version
-    packs (aspen-packs) is first left to finish the push's pack (not timed,
+    packs (aspen, aspen-packs) is first left to finish the push's pack (not timed,
     `packs_wait_ms`), so the fetch is served from it and the build's CPU is
     not the fetch's."""
     reps = int(ctx.param("reps", 7, quick=3))

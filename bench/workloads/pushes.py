@@ -109,7 +109,7 @@ def first_last(lat: list[float], ok: list[bool]) -> dict:
 
 
 def _note_issue_target(rows: list[Measurement]) -> None:
-    """On each Aspen summary row (aspen, aspen-packs, ...): whether the issue's
+    """On each Aspen summary row (aspen, aspen-packs, aspen-git): whether the issue's
     target holds (last/first <= 1.2 and its p50 <= stock's p50 over the whole
     history); for a target that builds version packs, how long its packs took
     to catch up after the last push."""

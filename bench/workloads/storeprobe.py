@@ -224,7 +224,8 @@ def wait_packs(gitdir: Path, timeout: float = 600.0, poll: float = 0.05, quiet: 
 
 def wait_target_packs(ctx: WorkloadContext, t: TargetInfo, timeout: Optional[float] = None,
                       quiet: float = 0.3) -> dict:
-    """wait_packs on T's repository when T builds version packs (aspen-packs); {} otherwise.
+    """wait_packs on T's repository when T builds version packs (aspen, aspen-packs: every
+    Aspen target but aspen-git); {} otherwise (aspen-git, stock, URL targets).
     The bound is params packs_timeout (default 600 s) unless TIMEOUT is given."""
     if not getattr(t, "version_packs", False):
         return {}

@@ -138,7 +138,7 @@ def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
             p = gitclient.push(pusher, url, sha or "HEAD", "refs/heads/main")
             if not (sha and p.ok):
                 raise RuntimeError(f"storm-warm: cannot push to {t.name}: {p.stderr_tail}")
-            settle = wait_target_packs(ctx, t, quiet=0.05)     # aspen-packs: the push's pack, not timed
+            settle = wait_target_packs(ctx, t, quiet=0.05)     # aspen, aspen-packs: the push's pack, not timed
             prewarm_ms = wait_prewarm(ctx, t)                   # aspen: the push's pre-warm, not timed
 
             def job(i: int) -> gitclient.ClientResult:
