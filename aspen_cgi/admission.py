@@ -5,6 +5,11 @@ The rest wait in a queue of ASPEN_QUEUE places for up to ASPEN_QUEUE_WAIT
 seconds; past the queue bound a request is refused at once with `503` and
 `Retry-After`.
 
+Version and segment pack builds (packs/background.py, `aspen import`) take
+none of those: each holds one of ASPEN_BUILDS_PER_SERVER build slots per
+machine (default half the cores, at least 1), waited for without a queue
+bound, so that builds never queue live clones nor take every core.
+
 Slots and queue places are flock()ed files in ASPEN_RUN_DIR (default
 /tmp/aspen-run-<uid>): a process that dies, even by kill -9, gives its
 places back."""
@@ -17,7 +22,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 
 class Overloaded(Exception):
@@ -37,6 +42,10 @@ class Limits:
     queue: int
     wait_s: float
     retry_after: int
+    builds: int = 1          # pack builds at once on this machine (ASPEN_BUILDS_PER_SERVER)
+
+
+BUILDS_ENV = "ASPEN_BUILDS_PER_SERVER"
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -51,7 +60,8 @@ def limits(env: Mapping[str, str]) -> Limits:
     run_dir = env.get("ASPEN_RUN_DIR") or os.environ.get("ASPEN_RUN_DIR") or f"/tmp/aspen-run-{os.getuid()}"
     return Limits(run_dir, max(1, _int(env, "ASPEN_COLD_PER_REPO", cpus)),
                   max(1, _int(env, "ASPEN_COLD_PER_SERVER", 2 * cpus)), _int(env, "ASPEN_QUEUE", 1024),
-                  float(_int(env, "ASPEN_QUEUE_WAIT", 300)), max(1, _int(env, "ASPEN_RETRY_AFTER", 5)))
+                  float(_int(env, "ASPEN_QUEUE_WAIT", 300)), max(1, _int(env, "ASPEN_RETRY_AFTER", 5)),
+                  max(1, _int(env, BUILDS_ENV, max(1, cpus // 2))))
 
 
 def _take(path: str) -> Optional[int]:
@@ -139,6 +149,33 @@ def acquire(lim: Limits, gitdir: str, queue: bool = True) -> Slot:
             os.close(ticket)
 
 
+def acquire_build(lim: Limits, check: Optional[Callable[[], None]] = None,
+                  on_wait: Optional[Callable[[int], None]] = None) -> Slot:
+    """One of the machine's LIM.builds build slots, waiting as long as it
+    takes (no queue bound: builds are background work). CHECK() is called
+    while waiting and may raise to give up; ON_WAIT(n) once, when all N
+    slots are taken."""
+    try:
+        os.makedirs(lim.run_dir, mode=0o1777, exist_ok=True)
+    except OSError:
+        return Slot([], 0.0)        # nowhere to count: build (never an error for lack of a directory)
+    prefix = os.path.join(lim.run_dir, "build.slot")
+    started = time.monotonic()
+    pause = 0.01
+    told = False
+    while True:
+        fd = _take_one(prefix, lim.builds)
+        if fd is not None:
+            return Slot([fd], time.monotonic() - started)
+        if on_wait is not None and not told:
+            told = True
+            on_wait(lim.builds)
+        if check is not None:
+            check()
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
+
+
 def _held(prefix: str, n: int) -> int:
     held = 0
     for i in range(n):
@@ -157,8 +194,10 @@ def _held(prefix: str, n: int) -> int:
 class Gauges:
     running: int        # cold computations running on this machine
     queued: int         # requests waiting for one
+    builds: int = 0     # pack builds running on this machine
 
 
 def gauges(lim: Limits) -> Gauges:
     return Gauges(_held(os.path.join(lim.run_dir, "server.slot"), lim.per_server),
-                  _held(os.path.join(lim.run_dir, "queue"), lim.queue))
+                  _held(os.path.join(lim.run_dir, "queue"), lim.queue),
+                  _held(os.path.join(lim.run_dir, "build.slot"), lim.builds))

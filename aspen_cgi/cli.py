@@ -101,11 +101,12 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    store = _open(args.repo)
-    from .packs import background
-    from .packs.versionpack import DeltaSearch
+    if args.background:
+        return _import_background(args)
+    if args.all:
+        return _import_all(args)
     from .progress import Bar
-    quiet = args.quiet
+    store = _open(args.repo)
     bars: dict[str, Bar] = {}
 
     def bar(label: str):
@@ -113,30 +114,193 @@ def _cmd_import(args: argparse.Namespace) -> int:
             if label not in bars:
                 for other in bars.values():
                     other.finish()
-                bars[label] = Bar(label, enabled=not quiet)
+                bars[label] = Bar(label, enabled=not args.quiet)
             bars[label].update(done, total, what)
         return update
+
+    def say(line: str) -> None:
+        if any(b.enabled for b in bars.values()):
+            sys.stderr.write("\r\033[K")
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     t0 = time.monotonic()
-    search = DeltaSearch(args.window, args.depth, args.compression, reuse_deltas=args.reuse_deltas)
-    rep = background.build(store, search, on_version=bar("building version packs"),
-                           on_segment=bar("building segment packs"))
+    rep = _import_repo(store, args.repo, _search(args), bar("building version packs"),
+                       bar("building segment packs"), say, wait=not args.no_wait)
     for b in bars.values():
         b.finish()
-    if rep.busy and not rep.versions and not rep.segments:
-        if args.wait_lock:
-            return 0            # the running builder loops until every pack is built
-        raise SystemExit(f"aspen: another builder is running for {args.repo} ({rep.busy})")
+    if rep.gone:
+        sys.stderr.write(f"aspen: {args.repo} was deleted, moved or replaced during the import; stopped\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)          # without closing the store: SQLite would delete its log by name
+    print(f"imported: {store.latest()} versions; {_built_now(rep)}; in {store.packs_dir}: "
+          f"{len(rep.pruned)} segment packs removed, {len(store.segment_packs())} kept; "
+          f"{time.monotonic() - t0:.1f} s")
+    if rep.busy:
+        print(f"left to the builder running ({rep.busy})")
+    return 0
+
+
+def _search(args: argparse.Namespace, nice: int = 0, threads: int = 0):
+    from .packs.versionpack import DeltaSearch
+    return DeltaSearch(args.window, args.depth, args.compression, reuse_deltas=args.reuse_deltas,
+                       threads=args.threads or threads, nice=nice)
+
+
+def _built_now(rep) -> str:
     objects = sum(p.objects for _, p in rep.versions if p)
     size = sum(p.size for _, p in rep.versions if p)
     seg_objects = sum(p.objects for _, p in rep.segments if p)
     seg_size = sum(p.size for _, p in rep.segments if p)
-    print(f"imported: {store.latest()} versions; {len(rep.versions)} version packs built now "
-          f"({objects} objects, {size} bytes) in {store.packs_dir}; {len(rep.segments)} segment packs built now "
-          f"({seg_objects} objects, {seg_size} bytes), {len(rep.pruned)} removed, "
-          f"{len(store.segment_packs())} kept; {time.monotonic() - t0:.1f} s")
-    if rep.busy:
-        print(f"left to the builder running ({rep.busy})")
+    return (f"{len(rep.versions)} version packs built now ({objects} objects, {size} bytes); "
+            f"{len(rep.segments)} segment packs built now ({seg_objects} objects, {seg_size} bytes)")
+
+
+def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bool = True):
+    """Build what STORE's repository lacks; with WAIT, a builder found running
+    is waited for (SAY tells its pid) and whatever it left is built after it.
+    The merged BuildReport: `busy` only without WAIT, `gone` when the
+    repository went."""
+    from .admission import BUILDS_ENV
+    from .packs import background
+    total = background.BuildReport()
+    told: set = set()
+
+    def slot_wait(n: int) -> None:
+        say(f"aspen: waiting for a build slot ({n} builds already run on this machine; {BUILDS_ENV})")
+    while True:
+        rep = background.build(store, search, on_version, on_segment, on_wait_slot=slot_wait)
+        total.versions += rep.versions
+        total.segments += rep.segments
+        total.pruned += rep.pruned
+        if rep.gone or not rep.busy:
+            total.gone = rep.gone
+            return total
+        if not wait:
+            total.busy, total.busy_owner = rep.busy, rep.busy_owner
+            return total
+        if rep.busy_owner not in told:
+            told.add(rep.busy_owner)
+            say(f"aspen: waiting for the builder running for {name} "
+                f"(pid {background.holder_pid(rep.busy_owner)}, {os.path.basename(rep.busy)})")
+        _wait_free(rep.busy, rep.busy_owner)
+
+
+def _wait_free(lock: str, owner) -> None:
+    """Until LOCK is no longer OWNER's, or OWNER died."""
+    from .packs.background import _holder
+    from .refstore.owners import owner_alive
+    pause = 0.05
+    while _holder(lock) == owner and owner_alive(owner):
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5)
+
+
+def _import_background(args: argparse.Namespace) -> int:
+    """What a push starts under CGI (packs/background.py): niced, one
+    pack-objects thread, gone at once when another builder runs, and quietly
+    when the repository goes (leaving nothing behind)."""
+    from .packs import background
+    from .refstore.store import state_dir
+    try:
+        os.nice(background.NICE)
+    except OSError:
+        pass
+    gitdir = os.path.abspath(args.repo)
+    env = dict(os.environ)
+    env["GIT_DIR"] = gitdir
+    try:
+        guard = background.RepoGuard(gitdir, state_dir(gitdir, env))
+        store = background.open_store(gitdir, env, guard)   # a deleted repository's directory is not made again
+    except background.RepositoryGone:
+        background.RepoGuard.clear_leftovers(gitdir, state_dir(gitdir, env))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if store is None:
+        return 0
+    try:
+        rep = background.build(store, _search(args, nice=background.NICE, threads=1), guard=guard)
+    except Exception as e:  # noqa: BLE001  (nobody reads this but a log; say why)
+        sys.stderr.write(f"aspen: building packs for {gitdir} failed: {e}\n")
+        return 1
+    if rep.gone:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)          # without closing the store: SQLite would delete its log by name
     return 0
+
+
+def repositories(root: str) -> list[str]:
+    """Every repository under ROOT (bare, or a work tree's .git) as GIT_PROJECT_ROOT serves them:
+    a directory with HEAD, objects/ and refs/; not looking inside repositories, nor in
+    hidden directories, nor through symbolic links."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if "HEAD" in filenames and "objects" in dirnames and "refs" in dirnames:
+            found.append(dirpath)
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") or d == ".git")
+    return sorted(found)
+
+
+def _import_all(args: argparse.Namespace) -> int:
+    import threading
+    from .progress import Bar
+    root = os.path.abspath(args.repo)
+    if not os.path.isdir(root):
+        raise SystemExit(f"aspen: not a directory: {args.repo}")
+    repos = repositories(root)
+    bar = Bar("importing repositories", enabled=not args.quiet)
+    search = _search(args)
+    counts = {"built": 0, "already": 0, "failed": 0}
+    t0 = time.monotonic()
+
+    def say(line: str, out=sys.stderr) -> None:
+        if bar.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+        out.write(line + "\n")
+        out.flush()
+
+    def one(n: int, gitdir: str, name: str) -> None:
+        def step(kind: str):
+            return lambda done, total, what: bar.update(n, len(repos), f"{name}: {kind} {done}/{total}")
+        try:
+            store = _open(gitdir)
+            rep = _import_repo(store, name, search, step("version packs"), step("segment packs"), say,
+                               wait=not args.no_wait)
+        except (SystemExit, Exception) as e:    # noqa: BLE001  (one repository's failure stops not the rest)
+            counts["failed"] += 1
+            say(f"{name}: failed: {e}")
+            return
+        if rep.gone:
+            counts["failed"] += 1
+            say(f"{name}: deleted, moved or replaced during the import", sys.stdout)
+        elif rep.versions or rep.segments:
+            counts["built"] += 1
+            say(f"{name}: {store.latest()} versions; {_built_now(rep)}", sys.stdout)
+        elif rep.busy:
+            counts["already"] += 1
+            say(f"{name}: left to the builder running ({rep.busy})", sys.stdout)
+        else:
+            counts["already"] += 1
+            say(f"{name}: {store.latest()} versions, already built", sys.stdout)
+
+    for n, gitdir in enumerate(repos):
+        name = os.path.relpath(gitdir, root)
+        bar.update(n, len(repos), name)
+        # a thread per repository: the store's connections are per thread and go with it
+        worker = threading.Thread(target=one, args=(n, gitdir, name), daemon=True, name="aspen-import")
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.2)
+    bar.update(len(repos), len(repos), "")
+    bar.finish()
+    print(f"imported {len(repos)} repositories under {root}: {counts['built']} built now, "
+          f"{counts['already']} already built, {counts['failed']} failed; {time.monotonic() - t0:.1f} s")
+    return 1 if counts["failed"] else 0
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
@@ -200,7 +364,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
                      "max_bytes": settings.max_bytes, "depth1_wide": c.counts["depth1_wide"],
                      "depth1_kept": c.counts["depth1_kept"], "depth1_entries": _depth1_entries(items)})
     g = admission.gauges(admission.limits(os.environ))
-    server = {"cold_running": g.running, "queue_depth": g.queued}
+    server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     if args.json:
         print(json.dumps({"repositories": rows, "server": server}, indent=2))
         return 0
@@ -217,7 +381,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         d1 = r["depth1_entries"]
         print(f"  depth-1 clones: entries stock {d1['stock']}, wide {d1['wide']}, stock-kept {d1['stock-kept']}; "
               f"made wide in the background {r['depth1_wide']}, kept git's {r['depth1_kept']}")
-    print(f"server: cold computations running {server['cold_running']}, queue depth {server['queue_depth']}")
+    print(f"server: cold computations running {server['cold_running']}, queue depth {server['queue_depth']}, "
+          f"pack builds running {server['builds_running']}")
     return 0
 
 
@@ -263,23 +428,41 @@ def build_parser() -> argparse.ArgumentParser:
     compact.add_argument("--json", action="store_true", help="print the result as JSON")
     compact.set_defaults(func=_cmd_compact)
 
-    imp = sub.add_parser("import", help="record the repository and build its version packs now",
+    imp = sub.add_parser("import", help="record a repository (or every one under a directory) and build its packs",
                          description="Bring the ref store up to the refs on disk (recording the repository as "
                                      "version 1 on first use), then build every version pack not built yet: the "
                                      "import version's pack holds the whole repository, each later version's is "
                                      "the thin pack of what it introduced. Then compact: build the segment packs "
                                      "(runs of versions 2..N on a binary schedule) a full clone is spliced from, "
                                      "and remove those a larger one replaced. Packs are built once with a wide "
-                                     "delta search, so this can take minutes on a large repository.")
-    imp.add_argument("repo", help="path of the repository")
+                                     "delta search, so this can take minutes on a large repository. When a "
+                                     "builder is already running for the repository (one a push started), this "
+                                     "waits for it (saying its pid), then builds whatever is still missing; exit "
+                                     "0 once everything is built. Every build holds one of the machine's "
+                                     "ASPEN_BUILDS_PER_SERVER build slots (default half the cores). With --all, "
+                                     "REPO is a directory: every repository under it (bare, or a work tree's "
+                                     ".git, found as GIT_PROJECT_ROOT serves them; other directories are "
+                                     "skipped) is imported in turn, with a progress bar over the repositories. "
+                                     "Interrupted (even by kill -9), run it again: what is built is skipped and "
+                                     "the rest is built.")
+    imp.add_argument("repo", metavar="REPO", help="path of the repository (with --all: a directory of repositories)")
+    imp.add_argument("--all", action="store_true",
+                     help="import every repository under the directory REPO, skipping what is built")
     imp.add_argument("--window", type=int, default=250, help="delta search window (default 250)")
     imp.add_argument("--depth", type=int, default=50, help="maximum delta chain depth (default 50)")
     imp.add_argument("--compression", type=int, default=9, help="zlib level 0-9 (default 9)")
+    imp.add_argument("--threads", type=int, default=0,
+                     help="pack-objects threads (default: git's, one per core; background builds use 1)")
     imp.add_argument("--reuse-deltas", action="store_true",
                      help="reuse the deltas of the repository's packs instead of searching every object afresh")
     imp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    imp.add_argument("--wait-lock", action="store_true",
-                     help="exit quietly when another builder is running (what pushes start)")
+    imp.add_argument("--no-wait", dest="no_wait", action="store_true",
+                     help="exit at once (0) when another builder is running, leaving the packs to it")
+    imp.add_argument("--wait-lock", dest="no_wait", action="store_true", help=argparse.SUPPRESS)   # the old name
+    imp.add_argument("--background", action="store_true",
+                     help="what a push starts under CGI: niceness 10, one pack-objects thread, exit at once "
+                          "when another builder runs, and stop quietly, leaving nothing, if the repository "
+                          "is deleted or replaced")
     imp.set_defaults(func=_cmd_import)
 
     query = sub.add_parser("query", help="ask the ref store a history question (JSON answer with visit counts)",

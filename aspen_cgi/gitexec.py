@@ -7,15 +7,18 @@ stream from a long-running child, a hook run) and never imports subprocess.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Iterator, Mapping, Optional, Sequence
+from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
 
 GIT = os.environ.get("ASPEN_GIT", "git")
 CHUNK = 65536
+NICE = shutil.which("nice")            # coreutils: a background child's niceness
+SETPRIV = shutil.which("setpriv")      # util-linux: a background child dies with its builder
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,56 @@ def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
     return proc
+
+def niceness() -> int:
+    """The calling thread's niceness (Linux keeps one per thread; children inherit the forking thread's)."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        return 0
+
+
+def background_git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+                   input: Optional[bytes] = None, stdin: int | IO | None = None,
+                   stdout: int | IO | None = subprocess.PIPE, check: Optional[Callable[[], None]] = None,
+                   nice: int = 0, interval: float = 0.02) -> Result:
+    """Run `git ARGS` as background work (pack builds) to completion: at
+    niceness NICE at least (a `nice -n` prefix when the calling thread runs
+    below it), killed by the kernel if this process dies (`setpriv
+    --pdeathsig KILL`), and killed as soon as CHECK() raises: it is called
+    every INTERVAL seconds while git runs, and its exception is raised again
+    once the child is reaped. Input is INPUT (bytes) or the file STDIN;
+    stdout goes to STDOUT (a file) or is captured."""
+    argv = [GIT, *args]
+    if SETPRIV:
+        argv = [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+    below = nice - niceness()
+    if below > 0 and NICE:
+        argv = [NICE, "-n", str(below), *argv]
+    if check is not None:
+        check()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env,
+                            stdin=subprocess.PIPE if input is not None else (stdin if stdin is not None
+                                                                             else subprocess.DEVNULL),
+                            stdout=stdout, stderr=subprocess.PIPE)
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(input, timeout=interval)
+                break
+            except subprocess.TimeoutExpired:
+                input = None        # given once: communicate() goes on from where it was
+                if check is not None:
+                    check()
+    except BaseException:
+        kill(proc)
+        try:
+            proc.communicate(timeout=30)
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            pass
+        raise
+    return Result(proc.returncode, out or b"", err or b"")
+
 
 def detached(argv: Sequence[str], *, env: Mapping[str, str]) -> None:
     """Start a background job that outlives this request (and process): its

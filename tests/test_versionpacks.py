@@ -9,11 +9,19 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from aspen_cgi.refstore.model import ZERO
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
 from . import pushkit as pk
+
+
+@pytest.fixture
+def server(root: Path, server_factory):
+    """These tests build the packs themselves: the server builds none (version packs are on by default)."""
+    return server_factory(root, ASPEN_VERSION_PACKS="off")
 
 
 def _store(repo: Path) -> RefStore:

@@ -9,7 +9,14 @@ ASPEN_PREWARM: `default` (a version that updated HEAD's branch), `all`
 (every branch the version updated), `off`. One pre-warmer per repository at
 a time (a flock); it looks again at the newest version before it stops.
 Runs in a thread of a long-lived server, or as `python -m
-aspen_cgi.cache.prewarm` started detached by a CGI push."""
+aspen_cgi.cache.prewarm` started detached by a CGI push, at niceness 10.
+
+A pre-warmer never outlives its repository: it holds a RepoGuard
+(packs/background.py) and looks at it before each step, before making its
+cache directory (one level: never a deleted repository's parents) and
+while an answer is computed; when the repository was deleted, moved or
+replaced it stops the computation (its git child goes with it), removes the
+directories it made and ends quietly."""
 
 from __future__ import annotations
 
@@ -66,58 +73,104 @@ def _upload_env(env: Mapping[str, str], body: bytes) -> dict[str, str]:
     return out
 
 
-def _compute(env: Mapping[str, str], body: bytes) -> int:
-    """Run one request through the pipeline (filling the cache); its status."""
+def _compute(env: Mapping[str, str], body: bytes, guard) -> int:
+    """Run one request through the pipeline (filling the cache); its status.
+    Stopped (RepositoryGone) as soon as GUARD finds the repository gone."""
     from ..http.backend import handle
     from ..http.message import Request
+    guard.check()
     resp = handle(Request(_upload_env(env, body), io.BytesIO(body), len(body)))
     try:
         for _ in resp.body:
-            pass
+            guard.check()
     finally:
         resp.close()
     return resp.status
 
 
+def _make_dir(directory: str, gitdir: str, sdir: str, guard) -> None:
+    """The cache directory: the repository's own is made one level at a time
+    through GUARD; a shared one (ASPEN_CACHE_DIR) as a whole."""
+    if os.path.isdir(directory):
+        return
+    inside = [d for d in (sdir, gitdir) if directory.startswith(d.rstrip("/") + "/")]
+    if not inside:
+        os.makedirs(directory, exist_ok=True)
+        return
+    missing = []
+    d = directory
+    while not os.path.isdir(d) and d != inside[0]:
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        guard.mkdir(d)
+
+
 def run(gitdir: str, env: Mapping[str, str]) -> int:
     """Pre-warm the newest version's requests (and newer ones that land
     meanwhile); the number of requests computed. Returns 0 at once when
-    another pre-warmer of the repository is running."""
-    from ..refstore.store import RefStore, state_dir
+    another pre-warmer of the repository is running. Raises RepositoryGone
+    (packs/background.py), having removed what it made, when the repository
+    was deleted, moved or replaced meanwhile."""
+    from ..packs.background import RepoGuard, RepositoryGone, abandon, open_store
+    from ..refstore.store import state_dir
     from . import responses, stats
     mode = policy(env)
-    settings = responses.settings(state_dir(gitdir, env), env)
+    sdir = state_dir(gitdir, env)
+    settings = responses.settings(sdir, env)
     if mode == "off" or settings is None:
         return 0
-    os.makedirs(settings.directory, exist_ok=True)
-    lock = os.open(os.path.join(settings.directory, "prewarm.mutex"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
+        guard = RepoGuard(gitdir, sdir)
+    except RepositoryGone:
+        RepoGuard.clear_leftovers(gitdir, sdir)
+        raise
+    store = None
+    try:
+        _make_dir(settings.directory, gitdir, sdir, guard)
+        guard.watch(settings.directory)
+        guard.check()
+        mutex = os.path.join(settings.directory, "prewarm.mutex")
+        lock = os.open(mutex, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return 0
-        done, seen = 0, -1
-        while True:
-            store = RefStore.open(gitdir, env, create=False)
-            if store is None:
-                return done
-            version = store.sync()
-            if version == seen:
-                return done
-            seen = version
-            snap = store.snapshot(None)
-            refs = snap.by_name()
-            updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
-            for body in requests_for(snap.head_target, updated, mode):
-                if _compute(env, body) == 200:
-                    done += 1
-                    stats.record(settings.directory, "prewarm", 0)
-    finally:
-        os.close(lock)
+            guard.watch(mutex)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return 0
+            done, seen = 0, -1
+            while True:
+                if store is None:
+                    store = open_store(gitdir, env, guard)
+                    if store is None:
+                        return done
+                guard.check()
+                version = store.sync()
+                if version == seen:
+                    return done
+                seen = version
+                snap = store.snapshot(None)
+                refs = snap.by_name()
+                updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
+                for body in requests_for(snap.head_target, updated, mode):
+                    if _compute(env, body, guard) == 200:
+                        done += 1
+                        guard.check()
+                        stats.record(settings.directory, "prewarm", 0)
+        finally:
+            os.close(lock)
+    except Exception:
+        if guard.alive():
+            raise
+        guard.undo()
+        if store is not None:
+            abandon(store)
+        raise RepositoryGone(gitdir) from None
 
 
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> None:
     """Pre-warm after a push: a low-priority thread here, or a detached program."""
+    from ..packs.background import RepositoryGone
     if policy(env) == "off":
         return
     child = {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}
@@ -129,6 +182,8 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> None:
                 pass
             try:
                 run(gitdir, child)
+            except RepositoryGone:
+                pass                 # deleted or replaced: nothing to warm, nothing left behind
             except Exception as e:   # a background nicety: the server's log says why, nothing fails
                 sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
         threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
@@ -143,7 +198,13 @@ def main() -> int:
         os.nice(10)
     except OSError:
         pass
-    run(os.environ["ASPEN_PREWARM_GITDIR"], dict(os.environ))
+    from ..packs.background import RepositoryGone
+    try:
+        run(os.environ["ASPEN_PREWARM_GITDIR"], dict(os.environ))
+    except RepositoryGone:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)          # without closing the store: SQLite would delete its log by name
     return 0
 
 

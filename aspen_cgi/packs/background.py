@@ -1,22 +1,54 @@
-"""Version and segment packs built after pushes, off the response path: a
-push that landed starts one detached `aspen import -q REPO` when none is
-running for the repository (a lock file names the builder; a dead builder's
-lock is taken over). Long-lived servers (gunicorn, mod_wsgi) build in a
-thread of the worker instead.
+"""Version and segment packs built after pushes, off the response path.
 
-`build()` is the builder: every version pack first (planned fetches wait for
-them), then the segment packs the schedule asks for, one run at a time,
-under a second lock, so that a long compaction never holds back the next
-push's version pack: a builder started meanwhile builds that and leaves the
-segments to the one compacting, which looks again before it stops.
+- Who builds: a push that landed (and a fetch that finds versions without
+  packs, `await_built`) starts one builder per repository when none is
+  running: a thread of the worker in long-lived servers (gunicorn, mod_wsgi:
+  IN_PROCESS), a detached `aspen import -q --background REPO` under CGI. A
+  lock file in the packs directory names the builder; a dead builder's lock
+  is taken over.
+- What: `build()` builds every version pack first (planned fetches wait for
+  them), then the segment packs the schedule asks for, one run at a time,
+  under a second lock, so that a long compaction never holds back the next
+  push's version pack: a builder started meanwhile builds that and leaves the
+  segments to the one compacting, which looks again before it stops.
+- How hard: every build (background or `aspen import`) holds one of the
+  machine's ASPEN_BUILDS_PER_SERVER build slots (default half the cores, at
+  least one; admission.py), apart from live requests' cold slots, so clones
+  never queue behind builds. A builder waits for its slot holding its
+  repository's lock, so pushes meanwhile start no second one. Background
+  builds run git at niceness 10 (os.nice in the detached builder, a `nice`
+  prefix for a thread's git children) with one pack-objects thread.
+- Never outliving the repository: a `RepoGuard` taken at the start (the
+  (st_dev, st_ino) of the repository, its objects/ and refs/, its state
+  directory and the store's files; HEAD and config present) is checked
+  before every step, before every file or directory is made, while waiting
+  for a slot and every 20 ms while git runs. When the repository was
+  deleted, moved or replaced, the builder kills its git child, removes its
+  scratch directory, lock files and whatever else it made (the same inodes
+  only), and stops quietly (`BuildReport.gone`); when the repository is
+  being deleted where it stands (its directory the same, HEAD, objects and
+  refs gone) it also removes what Aspen keeps in it, so that nothing of it
+  is left. Directories are made one level at a time (never `makedirs`) and
+  the store is opened without making its directory (`open_store`, which
+  removes at once the files opening it made when the repository turns out
+  gone), so a deleted repository's directories are never re-created. Its store's connection is
+  left open rather than closed (SQLite's close would delete the write-ahead
+  log by name: a new repository's, if one replaced it). The pre-warmer
+  (cache/prewarm.py) uses the same guard. A narrow race remains: a file made
+  between a check and a `rm -rf` that has already listed its directory
+  makes that `rm` fail (ENOTEMPTY); the file is removed when the builder
+  notices, so nothing stays.
 
-Opt-in for now (ASPEN_VERSION_PACKS=auto) until its cost under push load is
-measured; `aspen import REPO` builds the same packs by hand."""
+On by default; ASPEN_VERSION_PACKS=off turns it off (every fetch is then
+git's). `aspen import REPO` builds the same packs by hand, after waiting for
+a running builder."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,11 +61,191 @@ ENV = "ASPEN_VERSION_PACKS"
 WAIT_ENV = "ASPEN_BUILD_WAIT_MS"     # how long a fetch waits for a running builder (default 2000)
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
+NICE = 10                         # background builds' niceness
 
 
 def enabled(env: Mapping[str, str]) -> bool:
-    return (env.get(ENV) or os.environ.get(ENV, "")).lower() == "auto"
+    value = (env.get(ENV) or os.environ.get(ENV) or "auto").strip().lower()
+    return value not in ("off", "0", "false", "no")
 
+
+def background_search():
+    """How background builds search: the wide delta search at niceness NICE, one pack-objects thread."""
+    from .versionpack import DeltaSearch
+    return DeltaSearch(threads=1, nice=NICE)
+
+
+# -- the repository a builder was started for -----------------------------------------------------
+
+class RepositoryGone(Exception):
+    """The repository was deleted, moved or replaced while work for it ran."""
+
+
+def _ident(path: str) -> Optional[tuple[int, int]]:
+    try:
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+    except OSError:
+        return None
+
+
+class RepoGuard:
+    """The repository background work was started for: its directories'
+    identities, taken at the start and compared again by `alive()`. Files and
+    directories the work makes go through `check()` first; directories made
+    through `mkdir()` are removed again by `undo()` (when still empty and the
+    same) once the repository is gone."""
+
+    SETTLE = 2.0       # seconds undo() waits for a deletion under way to take HEAD, objects and refs
+
+    def __init__(self, gitdir: str, state_dir: Optional[str] = None):
+        self.gitdir = gitdir
+        self.state_dir = state_dir
+        self.present = [os.path.join(gitdir, "HEAD"), os.path.join(gitdir, "config")]   # rewritten by rename
+        self.marks: list[tuple[str, tuple[int, int]]] = []
+        self.made: list[tuple[str, tuple[int, int]]] = []      # directories made through mkdir()
+        self.files: list[tuple[str, tuple[int, int]]] = []     # files made meanwhile (the store's, see open_store)
+        for path in (gitdir, os.path.join(gitdir, "objects"), os.path.join(gitdir, "refs"), state_dir):
+            if path:
+                self.watch(path)
+        if state_dir:
+            for name in ("aspen.sqlite3", "aspen.sqlite3-writer"):      # the store's, made on first use
+                self.watch(os.path.join(state_dir, name), optional=True)
+        if not all(os.path.exists(p) for p in self.present):
+            raise RepositoryGone(gitdir)
+
+    def watch(self, path: str, optional: bool = False) -> None:
+        """Count PATH (a directory or file the work uses, which keeps its
+        inode while the repository lives) as part of the repository from now
+        on; OPTIONAL: not when it does not exist."""
+        if all(p != path for p, _ in self.marks):
+            ident = _ident(path)
+            if ident is None:
+                if optional:
+                    return
+                raise RepositoryGone(self.gitdir)
+            self.marks.append((path, ident))
+
+    def watch_store(self, store) -> None:
+        """The store's files too, once its connection has read: SQLite keeps
+        the write-ahead log and shared memory while a connection is open, so
+        a `rm -rf` that starts with them is seen at once."""
+        for suffix in ("", "-wal", "-shm", "-writer"):
+            self.watch(store.path + suffix, optional=True)
+
+    def alive(self) -> bool:
+        return all(_ident(p) == ident for p, ident in self.marks) and all(os.path.exists(p) for p in self.present)
+
+    def check(self) -> None:
+        if not self.alive():
+            raise RepositoryGone(self.gitdir)
+
+    def mkdir(self, path: str) -> None:
+        """Make directory PATH (its parent must exist: nothing above it is re-created)."""
+        self.check()
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return
+        ident = _ident(path)
+        if ident is not None:
+            self.made.append((path, ident))
+
+    def mkdtemp(self, prefix: str, dir: str) -> str:
+        self.check()
+        return tempfile.mkdtemp(prefix=prefix, dir=dir)
+
+    def undo(self) -> None:
+        """Once the repository is gone: remove the directories this work made,
+        deepest first, if still empty and the same; then, when the repository
+        is being deleted where it is (its directory the same one, and HEAD,
+        objects and refs gone, waiting up to SETTLE seconds for them to go),
+        what Aspen keeps inside it (`aspen/`), and its directory if that
+        leaves it empty: what a `rm -rf` that ran meanwhile meant to delete,
+        whatever this process (or the request pipeline it ran) made in it."""
+        for path, ident in self.files:
+            if _ident(path) == ident:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        self.files.clear()
+        for path, ident in sorted(self.made, key=lambda m: -len(m[0])):
+            if _ident(path) == ident:
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass
+        self.made.clear()
+        _clear_deleted(self.gitdir, self.marks[0][1], self.state_dir, self.SETTLE)
+
+    @staticmethod
+    def clear_leftovers(gitdir: str, state_dir: Optional[str], settle: float = SETTLE) -> None:
+        """For work that found its repository gone before it started: what
+        undo() does, for whatever directory is at GITDIR now, if it lacks
+        HEAD, objects or refs."""
+        ident = _ident(gitdir)
+        if ident is not None and not all(os.path.lexists(os.path.join(gitdir, n)) for n in ("HEAD", "objects", "refs")):
+            _clear_deleted(gitdir, ident, state_dir, settle)
+
+
+def _clear_deleted(gitdir: str, ident: tuple[int, int], state_dir: Optional[str], settle: float) -> None:
+    """When the directory IDENT at GITDIR is a repository being deleted where it
+    is (HEAD, objects and refs gone, waiting up to SETTLE seconds for them),
+    remove Aspen's state inside it, then the directory if that leaves it empty."""
+    if not state_dir or os.path.dirname(state_dir.rstrip("/")) != gitdir.rstrip("/"):
+        return                  # the store lives elsewhere (ASPEN_STATE_DIR): nothing of it is in the way
+    deadline = time.monotonic() + settle
+    while any(os.path.lexists(os.path.join(gitdir, n)) for n in ("HEAD", "objects", "refs")):
+        if _ident(gitdir) != ident or time.monotonic() >= deadline:
+            return              # moved, replaced, or not being deleted: not ours to touch
+        time.sleep(0.02)
+    if _ident(gitdir) != ident or not os.path.isdir(state_dir):
+        return
+    shutil.rmtree(state_dir, ignore_errors=True)
+    if _ident(gitdir) == ident:
+        try:
+            os.rmdir(gitdir)        # only when nothing else is left in it
+        except OSError:
+            pass
+
+
+_abandoned: list = []      # connections of stores whose repository went: never closed (see the module's note)
+
+
+def abandon(store) -> None:
+    _abandoned.append(store.conn)
+
+
+STORE_FILES = ("", "-wal", "-shm", "-writer")
+
+
+def open_store(gitdir: str, env: Mapping[str, str], guard: RepoGuard):
+    """The repository's store for background work (None when there is none):
+    never made where missing, and the files opening it made (SQLite's log
+    and shared memory when no other connection had them open) are GUARD's to
+    remove in undo(); removed at once, raising RepositoryGone, when the
+    repository turns out gone by the time it is open."""
+    from ..refstore.store import RefStore
+    base = os.path.join(guard.state_dir or "", "aspen.sqlite3")
+    before = {s for s in STORE_FILES if os.path.lexists(base + s)}
+    guard.check()
+    store = RefStore.open(gitdir, env, create=False)
+    if store is None:
+        return None
+    for s in STORE_FILES:
+        ident = _ident(base + s) if s not in before else None
+        if ident is not None:
+            guard.files.append((base + s, ident))
+    if not guard.alive():
+        abandon(store)
+        guard.undo()
+        raise RepositoryGone(gitdir)
+    guard.watch_store(store)
+    return store
+
+
+# -- locks and starting builders -------------------------------------------------------------------
 
 def _holder(path: str) -> Optional[str]:
     try:
@@ -43,21 +255,45 @@ def _holder(path: str) -> Optional[str]:
         return None
 
 
+def holder_pid(owner: Optional[str]) -> Optional[int]:
+    """The pid in a lock's owner ("host:pid:start")."""
+    try:
+        return int(owner.rsplit(":", 2)[1]) if owner else None
+    except (ValueError, IndexError):
+        return None
+
+
 def running(packs_dir: str) -> bool:
     return owner_alive(_holder(os.path.join(packs_dir, LOCK)))
 
 
 class BuildLock:
     """Held by the one builder of a repository's packs; False from acquire()
-    when a live builder has it."""
+    when a live builder has it. The packs directory is made here if missing
+    (one level: its parent, the store's directory, exists), through GUARD."""
 
-    def __init__(self, packs_dir: str, name: str = LOCK):
+    def __init__(self, packs_dir: str, name: str = LOCK, guard: Optional[RepoGuard] = None):
         self.path = os.path.join(packs_dir, name)
+        self.guard = guard
         self.held = False
+        self.ident: Optional[tuple[int, int]] = None
+
+    def holder(self) -> Optional[str]:
+        return _holder(self.path)
 
     def acquire(self) -> bool:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        packs_dir = os.path.dirname(self.path)
+        if not os.path.isdir(packs_dir):
+            if self.guard is not None:
+                self.guard.mkdir(packs_dir)
+            else:
+                try:
+                    os.mkdir(packs_dir)
+                except FileExistsError:
+                    pass
         for _ in range(2):
+            if self.guard is not None:
+                self.guard.check()
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
@@ -68,6 +304,8 @@ class BuildLock:
                 except OSError:
                     pass
                 continue
+            st = os.fstat(fd)
+            self.ident = (st.st_dev, st.st_ino)
             with os.fdopen(fd, "w") as f:
                 f.write(owner_id() + "\n")
             self.held = True
@@ -75,11 +313,13 @@ class BuildLock:
         return False
 
     def release(self) -> None:
+        """Remove the lock file, if it is still the one this lock made."""
         if self.held:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            if _ident(self.path) == self.ident:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
             self.held = False
 
 
@@ -97,7 +337,7 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
         threading.Thread(target=_build, args=(gitdir, child), daemon=True, name="aspen-packs").start()
         return True
     child.pop("GIT_DIR", None)
-    gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--wait-lock", gitdir], env=child)
+    gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--background", gitdir], env=child)
     return True
 
 
@@ -127,79 +367,143 @@ def await_built(gitdir: str, store, env: Mapping[str, str]) -> bool:
     return False
 
 
+# -- the builder ---------------------------------------------------------------------------------------
+
 @dataclass
 class BuildReport:
     versions: list = field(default_factory=list)     # (version, BuiltPack or None)
     segments: list = field(default_factory=list)     # ((lo, hi), BuiltPack or None)
     pruned: list = field(default_factory=list)       # (lo, hi) of segment packs removed
     busy: Optional[str] = None                       # the lock another builder held, when we left it to them
+    busy_owner: Optional[str] = None                 # that builder ("host:pid:start")
+    gone: bool = False                               # the repository went: stopped, nothing left behind
 
 
 Progress = Callable[[int, int, str], None]
 
 
+class _BuildSlot:
+    """The machine-wide build slot, taken when there is something to build."""
+
+    def __init__(self, env: Mapping[str, str], guard: RepoGuard, on_wait: Optional[Callable[[int], None]]):
+        self.env = env
+        self.guard = guard
+        self.on_wait = on_wait
+        self.slot = None
+
+    def take(self) -> None:
+        if self.slot is None:
+            from .. import admission
+            self.slot = admission.acquire_build(admission.limits(self.env), self.guard.check, self.on_wait)
+            self.guard.check()
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
+
+
 def build(store, search=None, on_version: Optional[Progress] = None,
-          on_segment: Optional[Progress] = None) -> BuildReport:
+          on_segment: Optional[Progress] = None, guard: Optional[RepoGuard] = None,
+          on_wait_slot: Optional[Callable[[int], None]] = None) -> BuildReport:
     """Build every missing version pack, then every missing segment pack, of
-    STORE's repository, holding an admission slot: builds are cold
-    computations too, and wait (without a queue bound) for their turn."""
-    from .. import admission
-    slot = admission.acquire(admission.limits(store.env), store.gitdir, queue=False)
+    STORE's repository, holding one of the machine's build slots while there
+    is something to build (ON_WAIT_SLOT(n) when all n are taken). Stops with
+    `gone` set when the repository goes (GUARD, taken now if not given)."""
+    rep = BuildReport()
     try:
-        return _build_all(store, search, on_version, on_segment)
+        guard = guard or RepoGuard(store.gitdir, os.path.dirname(store.path))
+    except RepositoryGone:
+        rep.gone = True
+        abandon(store)
+        RepoGuard.clear_leftovers(store.gitdir, os.path.dirname(store.path))
+        return rep
+    slot = _BuildSlot(store.env, guard, on_wait_slot)
+    try:
+        _build_all(store, search, on_version, on_segment, guard, slot, rep)
+    except RepositoryGone:
+        rep.gone = True
+    except Exception:
+        if guard.alive():
+            raise
+        rep.gone = True             # failed because the repository went (git, a file, the store)
     finally:
         slot.release()
+    if rep.gone:
+        guard.undo()
+        abandon(store)
+    return rep
 
 
-def _build_all(store, search, on_version: Optional[Progress], on_segment: Optional[Progress]) -> BuildReport:
+def _build_all(store, search, on_version: Optional[Progress], on_segment: Optional[Progress],
+               guard: RepoGuard, slot: _BuildSlot, rep: BuildReport) -> None:
     from .versionpack import DeltaSearch
     search = search or DeltaSearch()
-    rep = BuildReport()
     done_segments = 0
     while True:
-        vlock = BuildLock(store.packs_dir)
+        vlock = BuildLock(store.packs_dir, guard=guard)
         if not vlock.acquire():
-            rep.busy = vlock.path
-            return rep
+            rep.busy, rep.busy_owner = vlock.path, vlock.holder()
+            return
+        guard.watch(store.packs_dir)
         try:
             while True:      # pushes may land while packs are built
+                guard.check()
                 store.sync()
+                guard.watch_store(store)
+                if store.all_packs_built():
+                    break
+                slot.take()
                 batch = store.build_packs(search, progress=lambda done, total, v: on_version and on_version(
-                    done, total, f"version {v}"))
+                    done, total, f"version {v}"), guard=guard)
                 rep.versions += batch
                 if not batch:
                     break
         finally:
             vlock.release()
-        slock = BuildLock(store.packs_dir, SEGMENT_LOCK)
-        if not slock.acquire():
-            rep.busy = slock.path
-            return rep
-        try:
-            todo = store.segments_to_build()
-            if todo:
-                lo, hi = todo[0]
-                if on_segment:
-                    on_segment(done_segments, done_segments + len(todo), f"versions {lo}-{hi}")
-                rep.segments.append(((lo, hi), store.build_segment(lo, hi, search)))
-                done_segments += 1
+        guard.check()
+        todo = store.segments_to_build()
+        if todo:
+            slock = BuildLock(store.packs_dir, SEGMENT_LOCK, guard)
+            if not slock.acquire():
+                rep.busy, rep.busy_owner = slock.path, slock.holder()
+                return
+            try:
+                todo = store.segments_to_build()       # again, holding the lock
+                if todo:
+                    lo, hi = todo[0]
+                    if on_segment:
+                        on_segment(done_segments, done_segments + len(todo), f"versions {lo}-{hi}")
+                    slot.take()
+                    rep.segments.append(((lo, hi), store.build_segment(lo, hi, search, guard)))
+                    done_segments += 1
+                rep.pruned += store.prune_segments()
+            finally:
+                slock.release()
+        if not todo:
+            # nothing to compact: tidy up without the segment lock (both are safe against a
+            # running builder), so that a finished build makes no file in the repository
+            guard.check()
             rep.pruned += store.prune_segments()
-            if not todo:
-                store.sweep_packs()
-        finally:
-            slock.release()
-        if not todo and store.all_packs_built() and not store.segments_to_build():
-            if on_segment:
-                on_segment(done_segments, done_segments, "")
-            return rep
+            store.sweep_packs()
+            if store.all_packs_built() and not store.segments_to_build():
+                if on_segment:
+                    on_segment(done_segments, done_segments, "")
+                return
 
 
 def _build(gitdir: str, env: Mapping[str, str]) -> None:
-    from ..refstore.store import RefStore
-    store = RefStore.open(gitdir, env)
+    """A server thread's builder (IN_PROCESS): its git children run at niceness NICE."""
+    from ..refstore.store import state_dir
+    try:
+        guard = RepoGuard(gitdir, state_dir(gitdir, env))
+        store = open_store(gitdir, env, guard)
+    except RepositoryGone:
+        RepoGuard.clear_leftovers(gitdir, state_dir(gitdir, env))
+        return
     if store is None:
         return
     try:
-        build(store)
+        build(store, background_search(), guard=guard)
     except Exception as e:  # noqa: BLE001  (a failed build leaves the version to git; say why)
         sys.stderr.write(f"aspen: building packs for {gitdir} failed: {e}\n")

@@ -44,6 +44,7 @@ def inside(run: tuple[int, int], other: tuple[int, int]) -> bool:
 
 
 def build(gitdir: str, env: Mapping[str, str], after: Sequence[str], before: Sequence[str], outdir: str,
-          search: DeltaSearch = DeltaSearch()) -> BuiltPack:
-    """The pack of what the ref values AFTER reach beyond the ref values BEFORE (thin against them)."""
-    return versionpack.build(gitdir, env, sorted(set(after)), sorted(set(before)), outdir, search)
+          search: DeltaSearch = DeltaSearch(), guard=None) -> BuiltPack:
+    """The pack of what the ref values AFTER reach beyond the ref values BEFORE
+    (thin against them); GUARD as for versionpack.build."""
+    return versionpack.build(gitdir, env, sorted(set(after)), sorted(set(before)), outdir, search, guard)

@@ -8,6 +8,12 @@ a per-request server can afford, and kept beside the ref store.
 appends the missing bases after the pack's own entries, leaving their
 offsets unchanged. So the index is made that way in a scratch file, and the
 entries that lie inside the thin pack are written as its own index.
+
+A build is told its repository's guard (packs/background.RepoGuard): it is
+checked before every file or directory is made and while git runs, so a
+build whose repository was deleted stops, kills its git child and removes
+its scratch directory; directories are made one level at a time, never
+re-creating a deleted repository's parents.
 """
 
 from __future__ import annotations
@@ -50,13 +56,37 @@ class DeltaSearch:
     depth: int = 50
     compression: int = 9
     reuse_deltas: bool = False
+    threads: int = 0         # pack-objects --threads (0: git's default, one per core); background builds: 1
+    nice: int = 0            # the git children's niceness, at least (background builds: 10)
 
     def args(self) -> list[str]:
         out = ["-c", f"pack.compression={self.compression}", "-c", "pack.allowPackReuse=false", "pack-objects",
                f"--window={self.window}", f"--depth={self.depth}", "--no-use-bitmap-index"]
+        if self.threads:
+            out.append(f"--threads={self.threads}")
         if not self.reuse_deltas:
             out.append("--no-reuse-delta")
         return out
+
+
+class _Unguarded:
+    """The guard of a build nobody watches (tests, by-hand calls)."""
+
+    def check(self) -> None:
+        pass
+
+    def mkdir(self, path: str) -> None:
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+
+    def mkdtemp(self, prefix: str, dir: str) -> str:
+        return tempfile.mkdtemp(prefix=prefix, dir=dir)
+
+
+def _git(gitdir: str, env: Mapping[str, str], args: Sequence[str], search: DeltaSearch, guard, **kw):
+    return gitexec.background_git(args, cwd=gitdir, env=dict(env), check=guard.check, nice=search.nice, **kw)
 
 
 @dataclass(frozen=True)
@@ -75,13 +105,15 @@ class BuiltPack:
 
 
 def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled: Sequence[str],
-                before: Sequence[str]) -> Boundary:
+                before: Sequence[str], search: DeltaSearch = DeltaSearch(), guard=None) -> Boundary:
     """N_v and B_v for new values TIPS (PEELED: their commits) against the ref values BEFORE."""
     if not tips:
         return Boundary((), ())
+    guard = guard or _Unguarded()
     stdin = "".join(f"{t}\n" for t in peeled) + "".join(f"^{b}\n" for b in before)
-    res = gitexec.git(["rev-list", "--parents", "--stdin"], cwd=gitdir, env=dict(env), input=stdin.encode())
+    res = _git(gitdir, env, ["rev-list", "--parents", "--stdin"], search, guard, input=stdin.encode())
     if not res.ok:
+        guard.check()      # git failed because the repository went: say that
         raise BuildError(res.stderr.decode("utf-8", "replace").strip())
     parents: dict[str, list[str]] = {}
     for line in res.stdout.decode().splitlines():
@@ -94,39 +126,47 @@ def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled
 
 
 def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
-          search: DeltaSearch = DeltaSearch()) -> BuiltPack:
-    """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx."""
-    os.makedirs(outdir, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{scratch_owner()}-", dir=outdir)
+          search: DeltaSearch = DeltaSearch(), guard=None) -> BuiltPack:
+    """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx.
+    GUARD (background.RepoGuard) raises when the repository goes; OUTDIR's
+    parent must exist (it is made, not its parents)."""
+    guard = guard or _Unguarded()
+    if not os.path.isdir(outdir):
+        guard.mkdir(outdir)
+    scratch = guard.mkdtemp(f"{SCRATCH_PREFIX}{scratch_owner()}-", outdir)
     try:
         thin = os.path.join(scratch, "thin.pack")
         stdin = "".join(f"{t}\n" for t in tips) + "".join(f"^{b}\n" for b in boundary)
+        guard.check()
         with open(thin, "wb") as out:
-            proc = gitexec.start([*search.args(), "--revs", "--thin", "--stdout", "-q", "--delta-base-offset"],
-                                 cwd=gitdir, env=dict(env), stdin=gitexec.PIPE, stdout=out, stderr=gitexec.PIPE)
-            _, err = proc.communicate(stdin.encode())
-        if proc.returncode != 0:
-            raise BuildError(err.decode("utf-8", "replace").strip())
+            res = _git(gitdir, env, [*search.args(), "--revs", "--thin", "--stdout", "-q", "--delta-base-offset"],
+                       search, guard, input=stdin.encode(), stdout=out)
+        if not res.ok:
+            guard.check()
+            raise BuildError(res.stderr.decode("utf-8", "replace").strip())
         size = os.path.getsize(thin)
         with open(thin, "rb") as f:
             f.seek(size - 20)
             trailer = f.read(20)
         fixed_pack, fixed_idx = os.path.join(scratch, "fixed.pack"), os.path.join(scratch, "fixed.idx")
         with open(thin, "rb") as src:
-            proc = gitexec.start(["index-pack", "--stdin", "--fix-thin", "-o", fixed_idx, fixed_pack],
-                                 cwd=gitdir, env=dict(env), stdin=src, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
-            _, err = proc.communicate()
-        if proc.returncode != 0:
-            raise BuildError(err.decode("utf-8", "replace").strip())
+            res = _git(gitdir, env, ["index-pack", "--stdin", "--fix-thin", "-o", fixed_idx, fixed_pack],
+                       search, guard, stdin=src)
+        if not res.ok:
+            guard.check()
+            raise BuildError(res.stderr.decode("utf-8", "replace").strip())
         entries = _own_entries(fixed_idx, size - 20)
         name = trailer.hex()
         pack_path = os.path.join(outdir, f"pack-{name}.pack")
         idx_path = os.path.join(outdir, f"pack-{name}.idx")
         tmp_idx = os.path.join(scratch, "own.idx")
         from dulwich.pack import write_pack_index_v2
+        guard.check()
         with open(tmp_idx, "wb") as f:
             write_pack_index_v2(f, entries, trailer)
+        guard.check()
         os.replace(thin, pack_path)
+        guard.check()
         os.replace(tmp_idx, idx_path)
         return BuiltPack(name, pack_path, idx_path, len(entries), size)
     finally:

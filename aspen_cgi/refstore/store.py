@@ -101,10 +101,18 @@ class RefStore:
         sdir = state_dir(gitdir, env)
         path = os.path.join(sdir, "aspen.sqlite3")
         try:
+            if not os.path.exists(path) and not os.path.isfile(os.path.join(gitdir, "HEAD")):
+                return None         # no store is made for what is not (or no longer) a repository
             if not os.path.isdir(sdir):
                 if not create:
                     return None
-                os.makedirs(sdir, exist_ok=True)
+                if sdir == os.path.join(gitdir, "aspen"):
+                    try:
+                        os.mkdir(sdir)  # one level: a deleted repository's directory is never made again
+                    except FileExistsError:
+                        pass
+                else:
+                    os.makedirs(sdir, exist_ok=True)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
             return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
         except (OSError, db.Error):
@@ -431,9 +439,11 @@ class RefStore:
         return os.path.join(os.path.dirname(self.path), "packs")
 
     def build_packs(self, search=None, limit: Optional[int] = None,
-                    progress: Optional[Callable[[int, int, int], None]] = None) -> list[tuple[int, object]]:
+                    progress: Optional[Callable[[int, int, int], None]] = None,
+                    guard=None) -> list[tuple[int, object]]:
         """Build the version packs not built yet, oldest version first (the
-        import version's is the whole repository). PROGRESS(done, total, version)."""
+        import version's is the whole repository). PROGRESS(done, total, version).
+        GUARD (packs.background.RepoGuard) stops the build when the repository goes."""
         from ..packs import versionpack as vp
         search = search or vp.DeltaSearch()
         todo = db.versions_without_pack(self.conn, limit or (1 << 62))
@@ -448,8 +458,10 @@ class RefStore:
             tips = [new for _, _, new, _, _, _ in ups if new != ZERO]
             peeled = [p if t == "tag" and p else new for _, _, new, _, t, p in ups
                       if new != ZERO and t in (None, "commit", "tag")]
-            b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(set(values.values())))
-            built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search) if tips else None
+            if guard is not None:
+                guard.check()
+            b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(set(values.values())), search, guard)
+            built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard) if tips else None
             def record(conn: db.Conn, vid=vid, built=built, b=b) -> None:
                 db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
                 db.insert_introduced(conn, vid, b.introduced)
@@ -491,15 +503,16 @@ class RefStore:
             have = {(lo, hi) for lo, hi, *_ in db.segment_packs(conn)}
         return [run for run in sp.schedule(through) if run not in have]
 
-    def build_segment(self, lo: int, hi: int, search=None):
-        """Build and record the segment pack of versions LO … HI (all done); the BuiltPack or None when empty."""
+    def build_segment(self, lo: int, hi: int, search=None, guard=None):
+        """Build and record the segment pack of versions LO … HI (all done); the
+        BuiltPack or None when empty. GUARD as for build_packs."""
         from ..packs import segmentpack as sp
         from ..packs.versionpack import DeltaSearch
         search = search or DeltaSearch()
         with db.reading(self.conn) as conn:
             after = list(db.refs_before(conn, hi + 1).values())
             before = list(db.refs_before(conn, lo).values())
-        built = sp.build(self.gitdir, self.env, after, before, self.packs_dir, search) if after else None
+        built = sp.build(self.gitdir, self.env, after, before, self.packs_dir, search, guard) if after else None
         if built is not None and not built.objects:
             built = None            # its file goes with the next sweep unless a version pack shares it
         db.write(self.conn, lambda conn: db.record_segment_pack(

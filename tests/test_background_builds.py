@@ -1,0 +1,457 @@
+"""Background pack builds, with real repositories, git and processes:
+
+- a builder (the detached `aspen import --background` CGI starts, or a
+  server's thread) whose repository is deleted mid-build stops, kills its git
+  child and leaves nothing of the repository on disk; `rm -rf` right after a
+  push or fetch through aspen-cgi succeeds at the first try;
+- builds run git at niceness 10 with one pack-objects thread, and at most
+  ASPEN_BUILDS_PER_SERVER of them at once on the machine (seen in /proc);
+- `aspen import REPO` waits for a running builder, then builds what it left;
+- `aspen import --all ROOT` imports every repository under ROOT and, killed
+  (kill -9) half-way, finishes on the next run without rebuilding what was
+  built.
+
+Processes are observed in /proc: a build's git is `git ... pack-objects
+--window=...` whose working directory is the repository."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pty
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from aspen_cgi.packs import background
+from aspen_cgi.refstore.store import RefStore
+
+from . import harness as h
+from . import pushkit as pk
+
+pytestmark = pytest.mark.timeout(240)
+
+ASPEN = str(Path(sys.executable).parent / "aspen")
+
+
+# -- repositories ------------------------------------------------------------------------------------
+
+def big_repo(path: Path, commits: int = 50, files: int = 50, seed: int = 1) -> Path:
+    """A bare repository of about COMMITS × FILES similar text blobs (git fast-import):
+    its wide-window delta search takes seconds."""
+    h.git("init", "-q", "--bare", "-b", "main", str(path))
+    rng = random.Random(seed)
+    words = [f"w{rng.randrange(100000)}" for _ in range(4000)]
+    text = {f: [rng.choice(words) for _ in range(300)] for f in range(files)}
+    out = []
+    for c in range(commits):
+        out.append(f"commit refs/heads/main\nmark :{c + 1}\ncommitter T <t@x> {1700000000 + c} +0000\n"
+                   f"data 9\ncommit {c:02d}\n")
+        if c:
+            out.append(f"from :{c}\n")
+        for f in range(files):
+            for _ in range(5):
+                text[f][rng.randrange(300)] = rng.choice(words)
+            data = " ".join(text[f]) + "\n"
+            out.append(f"M 100644 inline d{f % 7}/f{f}.txt\ndata {len(data)}\n{data}")
+        out.append("\n")
+    h.git("fast-import", "--quiet", cwd=str(path), input="".join(out).encode())
+    return path
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict:
+    """The process environment with this test's own build slots (ASPEN_RUN_DIR)."""
+    env = dict(os.environ)
+    env.pop("GIT_DIR", None)
+    env.update({"ASPEN_RUN_DIR": str(tmp_path / "run"), "ASPEN_ACCESS_LOG": "0"})
+    env.update(extra)
+    return env
+
+
+def record(repo: Path, env: dict) -> None:
+    """What the first request does: the store, with the repository as version 1."""
+    res = subprocess.run([ASPEN, "log", "-n", "1", str(repo)], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def in_thread(fn):
+    """FN() in a short-lived thread: the store's connections are per thread and go with it."""
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("v", fn()))
+    t.start()
+    t.join()
+    return box.get("v")
+
+
+def fully_built(repo: Path, env: dict) -> bool:
+    def look() -> bool:
+        store = RefStore.open(str(repo), dict(env, GIT_DIR=str(repo)), create=False)
+        return store is not None and store.all_packs_built() and not store.segments_to_build()
+    return in_thread(look)
+
+
+def pack_files(repo: Path) -> dict[str, int]:
+    """The stored packs' files and their mtimes (ns)."""
+    return {p.name: p.stat().st_mtime_ns for p in (repo / "aspen" / "packs").glob("pack-*")}
+
+
+# -- processes -----------------------------------------------------------------------------------------
+
+@dataclass
+class Proc:
+    pid: int
+    ppid: int
+    state: str
+    nice: int
+    threads: int
+    argv: list
+    cwd: str
+
+
+def processes() -> list[Proc]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            cwd = os.readlink(f"/proc/{name}/cwd")
+        except OSError:
+            continue
+        rest = data[data.rindex(b")") + 2:].split()
+        out.append(Proc(int(name), int(rest[1]), rest[0].decode(), int(rest[16]), int(rest[17]), argv, cwd))
+    return out
+
+
+def build_gits(under: Path, procs: Optional[list] = None) -> list[Proc]:
+    """The running pack-objects of builds (wide window) in repositories under UNDER."""
+    return [p for p in (processes() if procs is None else procs)
+            if p.argv and os.path.basename(p.argv[0]) == "git" and "pack-objects" in p.argv
+            and any(a.startswith("--window=") for a in p.argv) and p.cwd.startswith(str(under))
+            and p.state not in ("Z", "X")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+def wait_for(what, timeout: float, pause: float = 0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(pause)
+    return what()
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def mentions(path: Path) -> list[Proc]:
+    """Processes working in PATH, or naming it on their command line or in
+    their environment (a CGI push's pre-warmer: ASPEN_PREWARM_GITDIR)."""
+    p = str(path)
+    return [x for x in processes() if x.pid != os.getpid() and x.state not in ("Z", "X")
+            and (x.cwd.startswith(p) or any(p in a for a in x.argv)
+                 or f"ASPEN_PREWARM_GITDIR={p}".encode() in _environ(x.pid).split(b"\0"))]
+
+
+# -- deleting, as rm -rf does --------------------------------------------------------------------------
+
+def rm_rf(path: Path) -> list[OSError]:
+    """shutil.rmtree as `rm -rf`: what is already gone is no error (-f); the
+    other errors (ENOTEMPTY: something made a file meanwhile) are returned."""
+    errors: list[OSError] = []
+
+    def onerror(func, p, exc_info):
+        e = exc_info[1]
+        if isinstance(e, FileNotFoundError):
+            return
+        errors.append(e)
+    shutil.rmtree(path, onerror=onerror)
+    return errors
+
+
+def rm_rf_retrying(path: Path, tries: int = 50) -> int:
+    """rm -rf until PATH is gone (a builder may still be writing); the number of tries."""
+    for n in range(1, tries + 1):
+        rm_rf(path)
+        if not os.path.lexists(path):
+            return n
+        time.sleep(0.05)
+    raise AssertionError(f"{path} could not be deleted: {sorted(os.listdir(path))}")
+
+
+def assert_stays_gone(path: Path, seconds: float = 1.5) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert not os.path.lexists(path), f"{path} came back: {list(Path(path).rglob('*'))}"
+        time.sleep(0.02)
+
+
+# -- 1. background work never outlives its repository ------------------------------------------------
+
+def test_a_detached_builder_stops_and_leaves_nothing_when_its_repository_is_deleted(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = big_repo(root / "big.git")
+    env = env_for(tmp_path)
+    record(repo, env)
+    packs = repo / "aspen" / "packs"
+    assert background.kick(str(repo), str(packs), env)          # what a CGI push does: a detached builder
+    lock = packs / background.LOCK
+    assert wait_for(lambda: lock.exists() and lock.read_text().strip(), 20)
+    builder = background.holder_pid(lock.read_text().strip())
+    gits = wait_for(lambda: build_gits(repo), 30)
+    assert gits, "the builder's pack-objects never ran"
+    assert gits[0].ppid == builder and gits[0].nice == 10 and gits[0].threads == 1
+    time.sleep(0.3)                                   # well into the delta search
+    assert alive(builder) and alive(gits[0].pid)
+    rm_rf_retrying(repo)
+    assert wait_for(lambda: not alive(builder) and not alive(gits[0].pid), 15), "the builder outlived its repository"
+    assert_stays_gone(repo)
+    assert not mentions(repo), mentions(repo)
+    assert os.listdir(root) == []
+
+
+def test_a_server_thread_builder_stops_and_leaves_nothing_when_its_repository_is_deleted(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = big_repo(root / "big.git")
+    env = env_for(tmp_path)
+    record(repo, env)
+    packs = repo / "aspen" / "packs"
+    monkeypatch.setattr(background, "IN_PROCESS", True)      # what gunicorn and mod_wsgi workers do
+    before = {t.ident for t in threading.enumerate()}
+    assert background.kick(str(repo), str(packs), env)
+    builder = [t for t in threading.enumerate() if t.ident not in before and t.name == "aspen-packs"]
+    assert len(builder) == 1
+    gits = wait_for(lambda: build_gits(repo), 30)
+    assert gits, "the builder's pack-objects never ran"
+    git = gits[0]
+    assert git.ppid == os.getpid()
+    # the thread's git child runs at niceness 10 (a `nice` prefix), with one thread
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert git.nice == max(10, own), git
+    assert git.threads == 1 and "--threads=1" in git.argv, git
+    time.sleep(0.3)
+    rm_rf_retrying(repo)
+    builder[0].join(15)
+    assert not builder[0].is_alive(), "the builder thread outlived its repository"
+    assert not alive(git.pid)
+    assert_stays_gone(repo)
+    assert not mentions(repo), mentions(repo)
+    assert os.listdir(root) == []
+
+
+def test_rm_rf_right_after_a_cgi_push_or_fetch_succeeds_at_once(tmp_path, cgi_server_factory):
+    """As git's t5702 does: a repository is deleted as soon as the client is
+    done with it, while the builder and pre-warmer the push (or the fetch)
+    started are at work."""
+    root = tmp_path / "root"
+    root.mkdir()
+    server = cgi_server_factory(root, program="aspen", ASPEN_RUN_DIR=str(tmp_path / "run"))
+    for i in range(4):
+        repo = pk.enable_push(h.make_history(root / f"push{i}.git", commits=4))
+        work = tmp_path / f"work{i}"
+        h.git("clone", "-q", f"{server.url}/push{i}.git", str(work))
+        pk.commit(work, f"change {i}")
+        pk.push(work, "origin", "HEAD:main")
+        errors = rm_rf(repo)                               # at once, as the test scripts do
+        assert errors == [], f"rm -rf {repo} after a push: {errors}"
+        assert wait_for(lambda: not mentions(repo), 20), mentions(repo)
+        assert_stays_gone(repo, 0.5)
+    for i in range(4):
+        repo = h.make_history(root / f"fetch{i}.git", commits=6)   # never served: the fetch starts its build
+        h.git("clone", "-q", "--bare", f"{server.url}/fetch{i}.git", str(tmp_path / f"clone{i}.git"))
+        errors = rm_rf(repo)
+        assert errors == [], f"rm -rf {repo} after a fetch: {errors}"
+        assert wait_for(lambda: not mentions(repo), 20), mentions(repo)
+        assert_stays_gone(repo, 0.5)
+    assert sorted(os.listdir(root)) == []
+
+
+# -- 2. builds are niced and bounded per machine ------------------------------------------------------
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_at_most_builds_per_server_builds_run_at_once(tmp_path, limit):
+    root = tmp_path / "root"
+    root.mkdir()
+    repos = [big_repo(root / f"r{i}.git", commits=30, files=40, seed=i) for i in range(3)]
+    env = env_for(tmp_path, ASPEN_BUILDS_PER_SERVER=str(limit))
+    for r in repos:
+        record(r, env)
+    for r in repos:                                        # three pushes' builders, at once
+        assert background.kick(str(r), str(r / "aspen" / "packs"), env)
+    seen: dict[int, Proc] = {}
+    most = 0
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        running = build_gits(root)
+        most = max(most, len(running))
+        for p in running:
+            seen.setdefault(p.pid, p)
+        if not running and all(not background.running(str(r / "aspen" / "packs")) for r in repos) \
+                and all(fully_built(r, env) for r in repos):
+            break
+        time.sleep(0.005)
+    assert all(fully_built(r, env) for r in repos)
+    assert {os.path.basename(p.cwd) for p in seen.values()} == {r.name for r in repos}
+    assert all(p.nice == 10 and p.threads == 1 and "--threads=1" in p.argv for p in seen.values()), seen
+    if limit == 1:
+        assert most == 1, f"{most} background pack-objects ran at once with ASPEN_BUILDS_PER_SERVER=1"
+    else:
+        assert most >= 2, "the builders never overlapped: the observation would not show a bound"
+    for r in repos:
+        h.verify_ok(r)
+
+
+def test_build_slots_default_to_half_the_cores_apart_from_live_slots(tmp_path):
+    from aspen_cgi import admission
+    lim = admission.limits({"ASPEN_RUN_DIR": str(tmp_path / "run")})
+    assert lim.builds == max(1, (os.cpu_count() or 2) // 2)
+    assert admission.limits({admission.BUILDS_ENV: "3"}).builds == 3
+    # every build slot taken: a live request's cold slot is still free
+    held = [admission.acquire_build(lim) for _ in range(lim.builds)]
+    cold = admission.acquire(lim, str(tmp_path), queue=False)
+    assert cold.waited_s == 0.0
+    assert admission.gauges(lim).builds == lim.builds
+    cold.release()
+    for s in held:
+        s.release()
+
+
+# -- 3. `aspen import` waits for a running builder ---------------------------------------------------
+
+def _start_builder(repo: Path, env: dict) -> tuple[int, Proc]:
+    packs = repo / "aspen" / "packs"
+    assert background.kick(str(repo), str(packs), env)
+    lock = packs / background.LOCK
+    assert wait_for(lambda: lock.exists() and lock.read_text().strip(), 20)
+    builder = background.holder_pid(lock.read_text().strip())
+    gits = wait_for(lambda: build_gits(repo), 30)
+    assert gits and gits[0].ppid == builder
+    return builder, gits[0]
+
+
+def test_aspen_import_waits_for_the_running_builder_then_exits_0(tmp_path):
+    repo = big_repo(tmp_path / "big.git")
+    env = env_for(tmp_path)
+    record(repo, env)
+    builder, _ = _start_builder(repo, env)
+    res = subprocess.run([ASPEN, "import", str(repo)], env=env, capture_output=True, text=True, timeout=200)
+    assert res.returncode == 0, res.stderr
+    assert f"waiting for the builder running for {repo} (pid {builder}," in res.stderr, res.stderr
+    assert not alive(builder)                             # it waited for the builder to end
+    assert "0 version packs built now" in res.stdout, res.stdout
+    assert fully_built(repo, env)
+    h.verify_ok(repo)
+
+
+def test_aspen_import_builds_what_a_killed_builder_left(tmp_path):
+    repo = big_repo(tmp_path / "big.git")
+    env = env_for(tmp_path)
+    record(repo, env)
+    builder, git = _start_builder(repo, env)
+    imp = subprocess.Popen([ASPEN, "import", str(repo)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        assert wait_for(lambda: imp.poll() is None and alive(builder), 1)
+        time.sleep(1.0)
+        os.kill(builder, signal.SIGKILL)                  # the builder dies mid-build
+        assert wait_for(lambda: not alive(git.pid), 10), "the killed builder's git lived on"
+        out, err = imp.communicate(timeout=200)
+    finally:
+        if imp.poll() is None:
+            imp.kill()
+    assert imp.returncode == 0, err
+    assert f"(pid {builder}," in err, err
+    assert "1 version packs built now" in out, out
+    assert fully_built(repo, env)
+    h.verify_ok(repo)
+
+
+# -- 4. `aspen import --all ROOT` ---------------------------------------------------------------------
+
+def test_import_all_resumes_after_kill_9_without_rebuilding(tmp_path):
+    root = tmp_path / "root"
+    names = ["a/one.git", "b/c/two.git", "four.git", "three.git"]          # the order they are imported in
+    repos = [big_repo(root / n, commits=30, files=40, seed=i) for i, n in enumerate(names)]
+    (root / "notes").mkdir()
+    (root / "notes" / "HEAD").write_text("not a repository\n")
+    (root / "empty.git").mkdir()
+    env = env_for(tmp_path)
+    first = subprocess.Popen([ASPEN, "import", "--all", str(root)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        gits = wait_for(lambda: build_gits(repos[2]), 120, pause=0.02)      # the third repository's build
+        assert gits, "the third repository's build was never seen"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        assert wait_for(lambda: not alive(gits[0].pid), 10), "the killed import's git lived on"
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert fully_built(repos[0], env) and fully_built(repos[1], env)
+    assert not fully_built(repos[2], env) and not (repos[3] / "aspen").exists()
+    kept = {r: pack_files(r) for r in repos[:2]}
+    assert all(kept.values())
+
+    # again, on a terminal: a progress bar over the repositories
+    master, slave = pty.openpty()
+    second = subprocess.Popen([ASPEN, "import", "--all", str(root)], env=env, stdout=subprocess.PIPE,
+                              stderr=slave, text=True)
+    os.close(slave)
+    shown = []
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError as e:
+                if e.errno == errno.EIO:
+                    return
+                raise
+            if not chunk:
+                return
+            shown.append(chunk)
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    out, _ = second.communicate(timeout=200)
+    reader.join(10)
+    os.close(master)
+    terminal = b"".join(shown).decode(errors="replace")
+    assert second.returncode == 0, terminal
+    assert "importing repositories [" in terminal and "4/4" in terminal, terminal
+    lines = out.splitlines()
+    assert lines[-1].startswith(f"imported 4 repositories under {root}: 2 built now, 2 already built, 0 failed"), out
+    assert "a/one.git: 1 versions, already built" in lines and "b/c/two.git: 1 versions, already built" in lines, out
+    assert not any("notes" in line or "empty.git" in line for line in lines), out
+    for r in repos:
+        assert fully_built(r, env), r
+        h.verify_ok(r)
+    assert {r: pack_files(r) for r in repos[:2]} == kept         # not rebuilt: the same files, untouched
