@@ -294,6 +294,31 @@ def test_rm_rf_right_after_a_cgi_push_or_fetch_succeeds_at_once(tmp_path, cgi_se
     assert sorted(os.listdir(root)) == []
 
 
+def _depth1_builds(path: Path) -> list[Proc]:
+    """Detached wide depth-1 builds (cache/depth1.py) of the repository at PATH."""
+    names = {f"ASPEN_DEPTH1_GITDIR={p}".encode() for p in (str(path), os.path.realpath(path))}
+    return [x for x in processes() if x.pid != os.getpid() and x.state not in ("Z", "X")
+            and names & set(_environ(x.pid).split(b"\0"))]
+
+
+def test_rm_rf_right_after_a_cgi_depth1_clone_leaves_nothing(tmp_path, cgi_server_factory):
+    """A depth-1 clone through aspen-cgi starts the detached wide depth-1
+    build; the repository deleted at once, that build (and whatever else
+    works for it) ends without re-creating anything of it."""
+    root = tmp_path / "root"
+    root.mkdir()
+    server = cgi_server_factory(root, program="aspen", ASPEN_RUN_DIR=str(tmp_path / "run"))
+    repo = h.make_history(root / "shallow.git", commits=6)
+    h.git("clone", "-q", "--depth", "1", "--bare", f"{server.url}/shallow.git", str(tmp_path / "clone.git"))
+    started = list((repo / "aspen" / "cache").glob(".*.wide.lock.tmp"))
+    shutil.rmtree(repo, onerror=lambda *a: None)           # at once; what races it is the guard's to clear
+    assert started, "the depth-1 clone started no wide build"
+    assert wait_for(lambda: not mentions(repo) and not _depth1_builds(repo), 30), \
+        (mentions(repo), _depth1_builds(repo))
+    assert not os.path.lexists(repo), f"{repo} is left: {list(Path(repo).rglob('*'))}"
+    assert os.listdir(root) == []
+
+
 # -- 2. builds are niced and bounded per machine ------------------------------------------------------
 
 @pytest.mark.parametrize("limit", [1, 3])

@@ -23,7 +23,15 @@ None starts for an entry already wide or kept.
 Pre-warm (cache/prewarm.py, no client waiting: NO_CLIENT_ENV) computes the
 wide answer at once with `build()` too, beside any entry rather than as the
 entry being written, so that a client arriving meanwhile is answered by git
-at git's speed instead of following the wide computation."""
+at git's speed instead of following the wide computation.
+
+A background build (the thread, or the detached program) never outlives
+its repository: it holds a RepoGuard (packs/background.py) taken at its
+start (the repository already gone: it ends quietly), looked at before it
+makes its lock and temporary files, while git computes (git and its
+children are killed as soon as the repository is deleted, moved or
+replaced) and before the rename; then it removes its temporary file and
+what the guard's undo() removes, and ends quietly."""
 
 from __future__ import annotations
 
@@ -135,16 +143,20 @@ def _room(settings) -> bool:
 # -- the build --------------------------------------------------------------------------------------
 
 def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]] = wide_answer,
-          log: Optional[Callable[[str], None]] = None) -> Iterator[bytes]:
+          log: Optional[Callable[[str], None]] = None, guard=None) -> Iterator[bytes]:
     """Compute JOB's wide answer and put it in place of git's (or as the
     entry, when there is none yet), yielding its bytes as they come. Returns
     at once (nothing yielded) when another build of the entry runs (WAIT:
     waits for it, yielding b"" while it waits) or the entry is already wide
     or kept. Never raises for what it finds in the cache; a failing git
-    leaves git's entry kept for good."""
+    leaves git's entry kept for good. GUARD (a packs.background.RepoGuard):
+    raises RepositoryGone, its temporary file removed and git killed, once
+    the repository is gone."""
     s = job.settings
+    check = guard.check if guard is not None else (lambda: None)
     fd = machine = -1
     while True:
+        check()
         got = _try_lock(job.lock)
         if got is not None:
             fd = got
@@ -153,7 +165,7 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
             return
         yield b""
         time.sleep(0.05)
-    body = replacement = None
+    body = replacement = watcher = None
     try:
         os.utime(fd)
         if done(job):
@@ -175,9 +187,14 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
                 return
         if not _room(s):
             return
+        check()
         replacement = Replacement(s.directory, job.name, job.version)
+        check()
         body = compute(job)
+        if guard is not None:
+            watcher = _Watcher(guard, body)
         for chunk in body:
+            check()
             try:
                 replacement.write(chunk)
             except OSError as e:      # a full disk: git's entry stays; a hit a minute on tries again
@@ -186,6 +203,7 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
                 return
             yield chunk
         rc = getattr(body, "returncode", 0)
+        check()                                           # git killed or not: its answer is not used
         current = entries.peek(job.entry)
         if current is not None and current.depth1 != DEPTH1_STOCK:
             return                                        # made wide (or kept) meanwhile
@@ -206,10 +224,13 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
             removed, freed = evict.evict(s.directory, s.max_bytes, need=size)
             if removed:
                 stats.record(s.directory, "evicted", freed)
+        check()
         replacement.publish(DEPTH1_WIDE)
         replacement = None
         stats.record(s.directory, "depth1_wide", size - entries.HEADER_SIZE)
     finally:
+        if watcher is not None:
+            watcher.stop()
         if replacement is not None:
             replacement.abandon()
         close = getattr(body, "close", None)
@@ -218,6 +239,56 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
         if machine >= 0:
             os.close(machine)
         os.close(fd)
+
+
+class _Watcher:
+    """Kills BODY's git (a gitexec.Stream) and its children as soon as GUARD
+    finds the repository gone, however long git computes before it writes."""
+
+    INTERVAL = 0.05
+
+    def __init__(self, guard, body):
+        self.guard = guard
+        self.proc = getattr(body, "proc", None)
+        self.stopped = threading.Event()
+        if self.proc is not None:
+            threading.Thread(target=self._run, name="aspen-depth1-guard", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.INTERVAL):
+            if self.proc.poll() is not None:
+                return
+            if not self.guard.alive():
+                _kill_tree(self.proc.pid)
+                return
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            kids = []
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL our child PID, then the descendants it had (found first, so
+    that none is reparented away meanwhile)."""
+    import signal
+    for p in [pid, *_descendants(pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def done(job: Job) -> bool:
@@ -251,11 +322,37 @@ def _in_thread(job: Job) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)   # this thread and its children
     except (OSError, AttributeError):
         pass
+    guard = _guard(job.gitdir, job.env)
+    if guard is None:
+        return
     try:
-        for _ in build(job, log=sys.stderr.write):
+        for _ in build(job, log=sys.stderr.write, guard=guard):
             pass
     except Exception as e:   # noqa: BLE001
-        sys.stderr.write(f"aspen: the wide depth-1 answer of {job.gitdir} failed: {e}\n")
+        if guard.alive():
+            sys.stderr.write(f"aspen: the wide depth-1 answer of {job.gitdir} failed: {e}\n")
+        else:
+            guard.undo()     # deleted, moved or replaced: nothing left behind, nothing to say
+
+
+def _guard(gitdir: str, env: Mapping[str, str]):
+    """The repository's RepoGuard for a background build (its cache
+    directory watched too when it is the repository's own), or None when it
+    is already gone (then what a deletion under way left of Aspen's state
+    is cleared, as undo() does)."""
+    from ..packs.background import RepoGuard, RepositoryGone
+    from ..refstore.store import state_dir
+    from . import responses
+    sdir = state_dir(gitdir, env)
+    try:
+        guard = RepoGuard(gitdir, sdir)
+        settings = responses.settings(sdir, env)
+        if settings is not None and settings.repo is not None:
+            guard.watch(settings.directory)
+        return guard
+    except RepositoryGone:
+        RepoGuard.clear_leftovers(gitdir, sdir)
+        return None
 
 
 def _detached(job: Job) -> bool:
@@ -323,18 +420,34 @@ def main(argv: Optional[list[str]] = None) -> int:
     if argv[:1] == ["prewarm"]:
         return _prewarm_imported(argv[1:])
     gitdir, name, version, request = (os.environ.get(k, "") for k in _ENV)
+    env = {k: v for k, v in os.environ.items() if k not in _ENV}
+    guard = _guard(gitdir, env)
+    if guard is None:
+        try:
+            os.unlink(request)
+        except OSError:
+            pass
+        return 0
     try:
         with open(request, "rb") as f:
             data = f.read()
         os.unlink(request)
     except OSError:
+        if not guard.alive():
+            guard.undo()
+            return 0
         return 1
-    env = {k: v for k, v in os.environ.items() if k not in _ENV}
     settings = responses.settings(state_dir(gitdir, env), env)
     if settings is None or not name:
         return 0
-    for _ in build(Job(settings, name, int(version or 0), gitdir, env, data), log=sys.stderr.write):
-        pass
+    try:
+        for _ in build(Job(settings, name, int(version or 0), gitdir, env, data), log=sys.stderr.write,
+                       guard=guard):
+            pass
+    except Exception:
+        if guard.alive():
+            raise
+        guard.undo()         # deleted, moved or replaced: nothing left behind, ends quietly
     return 0
 
 

@@ -32,6 +32,8 @@ class Settings:
     directory: str
     max_bytes: int          # entries on disk, all repositories of the directory
     reserve_bytes: int      # free disk space below which no entry is started
+    repo: Optional[str] = None   # the repository the directory is inside (made one level at a time while it
+                                 # has HEAD: never a deleted repository's); None: a directory of its own
 
 
 def _size(env: Mapping[str, str], name: str, default: int) -> int:
@@ -49,9 +51,38 @@ def settings(state_dir: str, env: Mapping[str, str]) -> Optional[Settings]:
     flag = (env.get("ASPEN_CACHE") or os.environ.get("ASPEN_CACHE") or "on").lower()
     if flag in ("0", "off", "no", "false"):
         return None
-    directory = env.get("ASPEN_CACHE_DIR") or os.environ.get("ASPEN_CACHE_DIR") or os.path.join(state_dir, "cache")
+    shared = env.get("ASPEN_CACHE_DIR") or os.environ.get("ASPEN_CACHE_DIR")
+    directory = shared or os.path.join(state_dir, "cache")
+    outside = shared or env.get("ASPEN_STATE_DIR") or os.environ.get("ASPEN_STATE_DIR")
     return Settings(directory, _size(env, "ASPEN_CACHE_MAX_BYTES", DEFAULT_MAX),
-                    _size(env, "ASPEN_CACHE_RESERVE_BYTES", DEFAULT_RESERVE))
+                    _size(env, "ASPEN_CACHE_RESERVE_BYTES", DEFAULT_RESERVE),
+                    None if outside else os.path.dirname(state_dir.rstrip("/")))
+
+
+def make_dir(s: Settings) -> None:
+    """The cache directory: one of its own (ASPEN_CACHE_DIR, or under
+    ASPEN_STATE_DIR) as a whole; one inside the repository one level at a
+    time, only while the repository has HEAD, never its directory itself: a
+    background pre-warmer of a repository deleted meanwhile re-creates
+    nothing of it (FileNotFoundError)."""
+    if os.path.isdir(s.directory):
+        return
+    if s.repo is None:
+        os.makedirs(s.directory, exist_ok=True)
+        return
+    repo = s.repo.rstrip("/") or "/"
+    if not os.path.isfile(os.path.join(repo, "HEAD")):
+        raise FileNotFoundError(f"no repository at {repo}")
+    missing = []
+    d = s.directory.rstrip("/")
+    while d != repo and len(d) > len(repo) and not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
 
 
 @dataclass
@@ -83,7 +114,7 @@ def _make_room(s: Settings, need: int) -> bool:
 def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
            interim: Optional[Callable[[], None]] = None) -> Answer:
     try:
-        os.makedirs(s.directory, exist_ok=True)
+        make_dir(s)
     except OSError:
         return _uncached(s, compute)
     name = key.name
