@@ -106,9 +106,13 @@ def effective(v: dict) -> dict[str, tuple[str, str]]:
 
 
 def locks(repo: Path) -> list[str]:
-    """git's lock files, and the packed-refs.new it writes under packed-refs.lock."""
+    """git's lock files, and the packed-refs.new it writes under packed-refs.lock;
+    pack builders' locks once no live builder holds them are not (a dead
+    builder's is taken over by the next: bench.faults.builders_settled)."""
+    from bench.faults import builders_settled
+    dead = set(builders_settled(repo))
     found = list(repo.rglob("*.lock")) + [p for p in [repo / "packed-refs.new"] if p.exists()]
-    return sorted(str(p.relative_to(repo)) for p in found)
+    return sorted(x for x in (str(p.relative_to(repo)) for p in found) if x not in dead)
 
 
 def start(server_factory, root: Path, tmp_path: Path, point: Optional[str], **env: str) -> h.Server:

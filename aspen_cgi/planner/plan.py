@@ -13,12 +13,15 @@ in the client's closure, proved by
      store's O(log N) segment query);
   3. c was introduced by a version j' that updated one ref, whose value
      there is proved by rule 2;
-  4. (in a `done` round, once rules 1-3 miss) c is in the boundary of a
+  4. (in any round, once rules 1-3 miss) c is in the boundary of a
      version k that updated one ref only, to a value that is a have: every
      boundary commit of such a version is an ancestor of its one new value.
      These commits then count as haves for rules 2 and 3 too. (An ACKed
-     have's ancestors are never sent as haves; after rounds Aspen
-     acknowledged, this is how the stale tip behind a branch is proved.)
+     have's ancestors are never sent as haves, and git's client sends no
+     ancestor of a ref it knows the server has; this is how the stale tip
+     behind a branch, or the parent of a merge, is proved. In the first
+     round too: waiting for `done` cost lagging clients extra rounds, each
+     resending every have, where stock said `ready` at once.)
 or else the version that holds c is needed too, recursively, down to the
 import version (whose pack is the whole repository then). A plan is made
 only when every version has its pack: anything unproved falls back. A
@@ -175,7 +178,7 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
         whole = _clone(req, history, count)
         if whole is not None:
             return whole
-    walk = _Walk(history, count, req.haves, final=req.done)
+    walk = _Walk(history, count, req.haves, widen=True)
     why = (walk.want(req.wants) or walk.discharge() or walk.unproved()
            or _include_tags(req, tags or {}, walk) or walk.unproved()
            or (walk.invisible(visible) if visible is not None else None)
@@ -200,11 +203,11 @@ class _Walk:
     """The version walk: the versions needed, those whose boundaries are not
     discharged yet, and what is known of the client's closure."""
 
-    def __init__(self, history: History, count: _Count, haves: Sequence[str], final: bool):
+    def __init__(self, history: History, count: _Count, haves: Sequence[str], widen: bool):
         self.history = history
         self.count = count
         self.haves = set(haves)
-        self.final = final                            # no later round brings more haves
+        self.may_widen = widen                        # rule 4 (the client's walk; not the exactness check's)
         self.have_tips: dict[str, set[int]] = {}      # ref -> versions at which a have became its value
         self.beneath: set[str] = set()                # rule 4's commits
         self.widened = False
@@ -312,11 +315,11 @@ class _Walk:
         return False
 
     def widen(self) -> bool:
-        """Rule 4, once, for a final round: the boundary of a version that
+        """Rule 4, once, in any round: the boundary of a version that
         updated one ref only, to a value that is a have, lies in that have's
         closure; those commits count as haves from here on (rules 1-3 use
         them). True when that added any."""
-        if not self.final or self.widened:
+        if not self.may_widen or self.widened:
             return False
         self.widened = True
         for ans in self.have_answers.values():
@@ -413,7 +416,7 @@ def _exact(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[
     exactly the objects and, following tags by the objects it has, the tags a
     stock fetch gives it."""
     closure = sorted(set(req.wants) | walk.haves)
-    reach = _Walk(walk.history, walk.count, closure, final=False)
+    reach = _Walk(walk.history, walk.count, closure, widen=False)
     include_tag = req.has_capability("include-tag")
     todo = sorted(walk.needed, reverse=True)
     while todo:
