@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -260,13 +261,30 @@ def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Option
     return check_trio(s, a, w, mode=mode, stderr=stderr, status=status, repo=repo)
 
 
+def _remove_after_background_work(path: Path, timeout: float = 60.0) -> None:
+    """rm -rf PATH; while a pack builder the last push started there is still
+    writing, rm -rf can race it (Directory not empty): try again until it
+    has ended. (The race is Aspen's known limit: tests/test_background_builds.py.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def triplicate(root: Path) -> tuple[Path, Path, Path]:
     """Three identical copies of a project root, for requests that change the repository."""
     out = []
     for name in ("stock-root", "cgi-root", "wsgi-root"):
         dest = root.parent / name
         if dest.exists():
-            shutil.rmtree(dest)
+            _remove_after_background_work(dest)
         shutil.copytree(root, dest, symlinks=True)
         out.append(dest)
     return tuple(out)

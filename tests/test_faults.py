@@ -362,11 +362,14 @@ def test_git_killed_during_clone(root, server_factory, tmp_path, victim, cache):
     """kill -9 of git pack-objects or upload-pack while a clone's pack is being
     sent: the client gets an error, the server is fine, the cache keeps no
     truncated answer (no entry; the next clone computes afresh and is
-    correct, and the one after is a hit from a complete entry)."""
+    correct, and the one after is a hit from a complete entry). Version
+    packs off: the clone is git's, and no builder's pack-objects is about
+    (test_background_version_pack_build_killed covers those)."""
     repo = root / "repo.git"
     _with_big_blob(repo, tmp_path)
     cache_dir = tmp_path / "cache"
-    env = _throttled_env(tmp_path, ASPEN_CACHE=cache, ASPEN_CACHE_DIR=str(cache_dir), ASPEN_CACHE_RESERVE_BYTES="0")
+    env = _throttled_env(tmp_path, ASPEN_CACHE=cache, ASPEN_CACHE_DIR=str(cache_dir), ASPEN_CACHE_RESERVE_BYTES="0",
+                         ASPEN_VERSION_PACKS="off")
     srv = server_factory(root, **env)
     url = f"{srv.url}/repo.git"
     clone = subprocess.Popen(["git", "clone", "-q", "--no-checkout", url, str(tmp_path / "killed")],

@@ -40,8 +40,11 @@ def _import(repo: Path) -> None:
 
 @pytest.fixture
 def pushed(root, server_factory, tmp_path):
-    """A repository with a history pushed through Aspen (versions 2..), its server and a work clone."""
-    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off")   # each fetch planned anew
+    """A repository with a history pushed through Aspen (versions 2..), its
+    server and a work clone. The server builds no packs (version packs off):
+    the tests build them with `aspen import` when they choose."""
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off",   # each fetch planned anew
+                            ASPEN_VERSION_PACKS="off")
     repo = pk.enable_push(root / "repo.git")
     work = tmp_path / "work"
     h.git("clone", "-q", server.url + "/repo.git", str(work))
