@@ -130,9 +130,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         b.finish()
     if rep.gone:
         sys.stderr.write(f"aspen: {args.repo} was deleted, moved or replaced during the import; stopped\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)          # without closing the store: SQLite would delete its log by name
+        _exit_leaving_store_open(1)
     print(f"imported: {store.latest()} versions; {_built_now(rep)}; in {store.packs_dir}: "
           f"{len(rep.pruned)} segment packs removed, {len(store.segment_packs())} kept; "
           f"{time.monotonic() - t0:.1f} s")
@@ -202,6 +200,7 @@ def _import_background(args: argparse.Namespace) -> int:
     when the repository goes (leaving nothing behind)."""
     from .packs import background
     from .refstore.store import state_dir
+    from .repoguard import RepoGuard, RepositoryGone, open_store
     try:
         os.nice(background.NICE)
     except OSError:
@@ -209,14 +208,13 @@ def _import_background(args: argparse.Namespace) -> int:
     gitdir = os.path.abspath(args.repo)
     env = dict(os.environ)
     env["GIT_DIR"] = gitdir
+    guard = RepoGuard.take(gitdir, state_dir(gitdir, env))
     try:
-        guard = background.RepoGuard(gitdir, state_dir(gitdir, env))
-        store = background.open_store(gitdir, env, guard)   # a deleted repository's directory is not made again
-    except background.RepositoryGone:
-        background.RepoGuard.clear_leftovers(gitdir, state_dir(gitdir, env))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        store = open_store(gitdir, env, guard) if guard is not None else None   # never makes a deleted one's dir
+    except RepositoryGone:
+        guard = None
+    if guard is None:
+        _exit_leaving_store_open(0)
     if store is None:
         return 0
     try:
@@ -225,10 +223,17 @@ def _import_background(args: argparse.Namespace) -> int:
         sys.stderr.write(f"aspen: building packs for {gitdir} failed: {e}\n")
         return 1
     if rep.gone:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)          # without closing the store: SQLite would delete its log by name
+        _exit_leaving_store_open(0)
     return 0
+
+
+def _exit_leaving_store_open(code: int) -> None:
+    """Exit without closing a store whose repository went: SQLite's close
+    would delete the write-ahead log by name, a new repository's if one
+    replaced it (repoguard.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def repositories(root: str) -> list[str]:

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from aspen_cgi.cache import depth1
-from aspen_cgi.cache.entries import DEPTH1_STOCK, DEPTH1_WIDE, peek
+from aspen_cgi.cache.entries import DEPTH1_STOCK, DEPTH1_STOCK_KEPT, DEPTH1_WIDE, peek
 
 from .harness import aspen_cli, fsck_strict, git, refs_of
 
@@ -48,12 +47,13 @@ def groot(tmp_path: Path) -> Path:
 
 
 class MachineLock:
-    """The machine-wide wide-build lock (in ASPEN_RUN_DIR), held by the test:
-    a background build started meanwhile waits before its first git process."""
+    """The machine's one build slot (ASPEN_BUILDS_PER_SERVER=1 in ASPEN_RUN_DIR),
+    held by the test: a background build started meanwhile waits before its
+    first git process."""
 
     def __init__(self, run_dir: Path):
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(run_dir / depth1.MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        self.fd = os.open(run_dir / "build.slot.0", os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
 
     def release(self) -> None:
@@ -63,7 +63,8 @@ class MachineLock:
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {"ASPEN_ACCESS_LOG": "1", "ASPEN_RUN_DIR": str(tmp_path / "run"), "GIT_TRACE": str(tmp_path / "trace")}
+    env = {"ASPEN_ACCESS_LOG": "1", "ASPEN_RUN_DIR": str(tmp_path / "run"), "GIT_TRACE": str(tmp_path / "trace"),
+           "ASPEN_BUILDS_PER_SERVER": "1"}
     env.update(extra)
     return env
 
@@ -242,7 +243,7 @@ def test_a_wide_pack_not_smaller_keeps_stocks(root, tmp_path, server_factory):
     first = _clone(f"{aspen.url}/repo.git", tmp_path / "first", repo)
     entry = _entry(root)
     _wait("the build's verdict", lambda: _state(entry) != DEPTH1_STOCK)
-    assert _state(entry) == depth1.DEPTH1_STOCK_KEPT
+    assert _state(entry) == DEPTH1_STOCK_KEPT
     second = _clone(f"{aspen.url}/repo.git", tmp_path / "second", repo)
     line = _settled(aspen, 2)[-1]
     assert (line["cache"], line["depth1"]) == ("hit", "stock-kept"), line

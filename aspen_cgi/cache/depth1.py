@@ -16,8 +16,10 @@ its end. No client ever waits for it.
 One build per entry at a time (a flock on `.NAME.wide.lock.tmp` in the
 cache directory, whose modification time also says when the last one was
 started: a hit on an interim entry starts another only when none runs and
-none started in the last RETRY_AFTER_S seconds), and one at a time on the
-machine (a flock in ASPEN_RUN_DIR): it only makes later answers smaller.
+none started in the last RETRY_AFTER_S seconds), holding one of the
+machine's build slots (ASPEN_BUILDS_PER_SERVER, shared with version and
+segment pack builds: admission.acquire_build): it only makes later answers
+smaller.
 None starts for an entry already wide or kept.
 
 Pre-warm (cache/prewarm.py, no client waiting: NO_CLIENT_ENV) computes the
@@ -26,7 +28,7 @@ entry being written, so that a client arriving meanwhile is answered by git
 at git's speed instead of following the wide computation.
 
 A background build (the thread, or the detached program) never outlives
-its repository: it holds a RepoGuard (packs/background.py) taken at its
+its repository: it holds a RepoGuard (repoguard.py) taken at its
 start (the repository already gone: it ends quietly), looked at before it
 makes its lock and temporary files, while git computes (git and its
 children are killed as soon as the repository is deleted, moved or
@@ -44,12 +46,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 from . import entries, evict, stats
-from .entries import DEPTH1_STOCK, DEPTH1_STOCK_KEPT, DEPTH1_WIDE, SUFFIX, Replacement
+from .entries import DEPTH1_STOCK, DEPTH1_WIDE, SUFFIX, Replacement
 
 NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer
 NICE = 10
 RETRY_AFTER_S = 60.0
-MACHINE_LOCK = "depth1-wide.lock"
 _ENV = ("ASPEN_DEPTH1_GITDIR", "ASPEN_DEPTH1_NAME", "ASPEN_DEPTH1_VERSION", "ASPEN_DEPTH1_REQUEST")
 
 
@@ -122,16 +123,6 @@ def _due(path: str) -> bool:
         os.close(fd)
 
 
-def _machine_lock_path(env: Mapping[str, str]) -> Optional[str]:
-    from ..admission import limits
-    run_dir = limits(env).run_dir
-    try:
-        os.makedirs(run_dir, mode=0o1777, exist_ok=True)
-    except OSError:
-        return None
-    return os.path.join(run_dir, MACHINE_LOCK)
-
-
 def _room(settings) -> bool:
     try:
         st = os.statvfs(settings.directory)
@@ -149,12 +140,13 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
     at once (nothing yielded) when another build of the entry runs (WAIT:
     waits for it, yielding b"" while it waits) or the entry is already wide
     or kept. Never raises for what it finds in the cache; a failing git
-    leaves git's entry kept for good. GUARD (a packs.background.RepoGuard):
+    leaves git's entry kept for good. GUARD (a repoguard.RepoGuard):
     raises RepositoryGone, its temporary file removed and git killed, once
     the repository is gone."""
     s = job.settings
     check = guard.check if guard is not None else (lambda: None)
-    fd = machine = -1
+    fd = -1
+    slot = None
     while True:
         check()
         got = _try_lock(job.lock)
@@ -170,21 +162,10 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
         os.utime(fd)
         if done(job):
             return
-        path = _machine_lock_path(job.env)
-        if path is not None:
-            try:
-                machine = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            except OSError:
-                machine = -1
-            while machine >= 0:
-                try:
-                    fcntl.flock(machine, fcntl.LOCK_EX | (fcntl.LOCK_NB if wait else 0))
-                    break
-                except BlockingIOError:
-                    yield b""
-                    time.sleep(0.05)
-            if done(job):
-                return
+        from .. import admission
+        slot = admission.acquire_build(admission.limits(job.env), check)
+        if done(job):
+            return
         if not _room(s):
             return
         check()
@@ -236,8 +217,8 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
         close = getattr(body, "close", None)
         if close is not None:
             close()
-        if machine >= 0:
-            os.close(machine)
+        if slot is not None:
+            slot.release()
         os.close(fd)
 
 
@@ -340,19 +321,21 @@ def _guard(gitdir: str, env: Mapping[str, str]):
     directory watched too when it is the repository's own), or None when it
     is already gone (then what a deletion under way left of Aspen's state
     is cleared, as undo() does)."""
-    from ..packs.background import RepoGuard, RepositoryGone
     from ..refstore.store import state_dir
+    from ..repoguard import RepoGuard, RepositoryGone
     from . import responses
     sdir = state_dir(gitdir, env)
-    try:
-        guard = RepoGuard(gitdir, sdir)
-        settings = responses.settings(sdir, env)
-        if settings is not None and settings.repo is not None:
-            guard.watch(settings.directory)
-        return guard
-    except RepositoryGone:
-        RepoGuard.clear_leftovers(gitdir, sdir)
+    guard = RepoGuard.take(gitdir, sdir)
+    if guard is None:
         return None
+    settings = responses.settings(sdir, env)
+    if settings is not None and settings.repo is not None:
+        try:
+            guard.watch(settings.directory)
+        except RepositoryGone:
+            RepoGuard.clear_leftovers(gitdir, sdir)
+            return None
+    return guard
 
 
 def _detached(job: Job) -> bool:

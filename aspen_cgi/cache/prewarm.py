@@ -12,7 +12,7 @@ Runs in a thread of a long-lived server, or as `python -m
 aspen_cgi.cache.prewarm` started detached by a CGI push, at niceness 10.
 
 A pre-warmer never outlives its repository: it holds a RepoGuard
-(packs/background.py) and looks at it before each step, before making its
+(repoguard.py) and looks at it before each step, before making its
 cache directory (one level: never a deleted repository's parents) and
 while an answer is computed; when the repository was deleted, moved or
 replaced it stops the computation (its git child goes with it), removes the
@@ -110,9 +110,9 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     """Pre-warm the newest version's requests (and newer ones that land
     meanwhile); the number of requests computed. Returns 0 at once when
     another pre-warmer of the repository is running. Raises RepositoryGone
-    (packs/background.py), having removed what it made, when the repository
+    (repoguard.py), having removed what it made, when the repository
     was deleted, moved or replaced meanwhile."""
-    from ..packs.background import RepoGuard, RepositoryGone, abandon, open_store
+    from ..repoguard import RepoGuard, RepositoryGone, abandon, open_store
     from ..refstore.store import state_dir
     from . import responses, stats
     mode = policy(env)
@@ -120,11 +120,9 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     settings = responses.settings(sdir, env)
     if mode == "off" or settings is None:
         return 0
-    try:
-        guard = RepoGuard(gitdir, sdir)
-    except RepositoryGone:
-        RepoGuard.clear_leftovers(gitdir, sdir)
-        raise
+    guard = RepoGuard.take(gitdir, sdir)
+    if guard is None:
+        raise RepositoryGone(gitdir)
     store = None
     try:
         _make_dir(settings.directory, gitdir, sdir, guard)
@@ -170,7 +168,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
 
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> None:
     """Pre-warm after a push: a low-priority thread here, or a detached program."""
-    from ..packs.background import RepositoryGone
+    from ..repoguard import RepositoryGone
     if policy(env) == "off":
         return
     child = {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}
@@ -198,7 +196,7 @@ def main() -> int:
         os.nice(10)
     except OSError:
         pass
-    from ..packs.background import RepositoryGone
+    from ..repoguard import RepositoryGone
     try:
         run(os.environ["ASPEN_PREWARM_GITDIR"], dict(os.environ))
     except RepositoryGone:

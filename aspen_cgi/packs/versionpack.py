@@ -9,7 +9,7 @@ appends the missing bases after the pack's own entries, leaving their
 offsets unchanged. So the index is made that way in a scratch file, and the
 entries that lie inside the thin pack are written as its own index.
 
-A build is told its repository's guard (packs/background.RepoGuard): it is
+A build is told its repository's guard (repoguard.RepoGuard): it is
 checked before every file or directory is made and while git runs, so a
 build whose repository was deleted stops, kills its git child and removes
 its scratch directory; directories are made one level at a time, never
@@ -128,7 +128,7 @@ def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled
 def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
           search: DeltaSearch = DeltaSearch(), guard=None) -> BuiltPack:
     """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx.
-    GUARD (background.RepoGuard) raises when the repository goes; OUTDIR's
+    GUARD (repoguard.RepoGuard) raises when the repository goes; OUTDIR's
     parent must exist (it is made, not its parents)."""
     guard = guard or _Unguarded()
     if not os.path.isdir(outdir):

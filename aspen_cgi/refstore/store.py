@@ -443,7 +443,7 @@ class RefStore:
                     guard=None) -> list[tuple[int, object]]:
         """Build the version packs not built yet, oldest version first (the
         import version's is the whole repository). PROGRESS(done, total, version).
-        GUARD (packs.background.RepoGuard) stops the build when the repository goes."""
+        GUARD (repoguard.RepoGuard) stops the build when the repository goes."""
         from ..packs import versionpack as vp
         search = search or vp.DeltaSearch()
         todo = db.versions_without_pack(self.conn, limit or (1 << 62))
