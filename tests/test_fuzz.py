@@ -196,7 +196,11 @@ def test_push_of_a_tree_or_a_tag_to_a_branch_is_refused_as_stock_does(session):
     # found by pipeline's end-of-run fsck: the in-process ref write set refs/heads/* to a tree or a
     # tag (fsck: "not a commit"); stock's git refuses, and now does here too
     from bench.fuzz.strategies import EMPTY_PACK
-    tree, tag = _git_out(session, "rev-parse", f"{OID}^{{tree}}"), _git_out(session, "rev-parse", "v1.0")
+    # a tag object of its own (the module's fuzzed pushes may have deleted the repository's tags)
+    tag_text = f"object {OID}\ntype commit\ntag probe\ntagger A U Thor <a@example.com> 0 +0000\n\nprobe\n"
+    made = subprocess.run(["git", "mktag"], cwd=session.root / "fuzz.git", input=tag_text.encode(),
+                          capture_output=True, check=True)
+    tree, tag = _git_out(session, "rev-parse", f"{OID}^{{tree}}"), made.stdout.decode().strip()
     ans = _push(session, [(tree, b"refs/heads/fuzz-tree"), (tag, b"refs/heads/fuzz-tag"),
                           (tree, b"refs/tags/fuzz-tree")], EMPTY_PACK)
     assert ans.status == 200, ans.log
