@@ -319,6 +319,14 @@ def cmd_run(args) -> int:
 CACHED_WORKLOADS = frozenset({"storm-depth1", "storm-warm", "writers", "clone-concurrency"})
 
 
+def _trunk(source: Path) -> str:
+    """The branch HEAD names in SOURCE (refs/heads/main for the generated repositories)."""
+    import subprocess
+    p = subprocess.run(["git", "symbolic-ref", "-q", "HEAD"], cwd=str(source), capture_output=True, text=True)
+    ref = p.stdout.strip()
+    return ref if p.returncode == 0 and ref.startswith("refs/heads/") else "refs/heads/main"
+
+
 def run_workload(name: str, targets: list[str], source: Path, workdir: Path, args, progress: Progress) -> list:
     """Start fresh targets over fresh copies of SOURCE, run one workload, stop them.
 
@@ -344,7 +352,7 @@ def run_workload(name: str, targets: list[str], source: Path, workdir: Path, arg
             targets=infos, repo=REPO_NAME, proxies={t.info.name: t.proxy for t in started},
             roots={t.info.name: t.info.root for t in started}, workdir=workdir / "client",
             quick=args.quick, params=_knobs(args), procs={t.info.name: list(t.info.pids) for t in started},
-            progress=progress)
+            progress=progress, trunk=_trunk(source))
         progress.start(0, name)
         return list(fn(ctx))
 

@@ -28,6 +28,11 @@ class WorkloadContext:
     params: dict = field(default_factory=dict)                  # see the report / module docs; protocol: 2 (default) or 0
     procs: dict[str, list[int]] = field(default_factory=dict)   # target name -> server pids (procstats roots)
     progress: Callable[..., None] = _no_progress                # progress(done, total, label), as bench.progress.Progress
+    trunk: str = "refs/heads/main"                              # the branch HEAD names in the repository (--repo: any)
+
+    @property
+    def trunk_name(self) -> str:
+        return self.trunk[len("refs/heads/"):]
 
     def __post_init__(self) -> None:
         if not isinstance(self.repo, str):

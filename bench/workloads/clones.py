@@ -116,13 +116,13 @@ def history_clone(ctx: WorkloadContext) -> list[Measurement]:
         pusher = d / "pusher"
         if not gitclient.clone(repo_url(ctx, t), pusher, bare=True).ok:
             raise RuntimeError(f"history-clone: cannot clone {t.name}")
-        base = gitclient.rev_parse(pusher, "refs/heads/main")
+        base = gitclient.rev_parse(pusher, ctx.trunk)
         ids = gitclient.fast_import_chain(pusher, base, k, "refs/bench/history", tag="history")
         state[t.name] = {"pusher": pusher, "ids": ids, "lat": [], "failed": 0}
     for i in range(k):
         for t in ordered(ctx, i):
             s = state[t.name]
-            r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][i], "refs/heads/main")
+            r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][i], ctx.trunk)
             if r.ok:
                 s["lat"].append(r.wall_ms)
             else:

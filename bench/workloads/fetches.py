@@ -52,18 +52,18 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
         if not (a.ok and b.ok):
             raise RuntimeError(f"warm-fetch: cannot clone {t.name}: {a.stderr_tail or b.stderr_tail}")
         quiet_repo(client)
-        state[t.name] = {"client": client, "pusher": pusher, "tip": gitclient.rev_parse(pusher, "refs/heads/main"),
+        state[t.name] = {"client": client, "pusher": pusher, "tip": gitclient.rev_parse(pusher, ctx.trunk),
                          "walls": [], "rows": [], "cpu": [], "waits": [], "failures": 0, "cpu_failures": 0,
                          "error": "", "plans": PlanStats(t)}
     total = reps * len(ctx.targets)
-    refspec = ["+refs/heads/main:refs/remotes/origin/main"]
+    refspec = [f"+{ctx.trunk}:refs/remotes/origin/{ctx.trunk_name}"]
     for rep in range(reps):
         for t in ordered(ctx, rep):
             s = state[t.name]
             url = repo_url(ctx, t)
             sha = gitclient.commit_file(s["pusher"], "bench/warm.txt", f"warm fetch {rep}\n" * (rep + 1),
                                         f"warm fetch {rep}\n", parent=s["tip"], when=gitclient.BASE_TIME + rep)
-            p = gitclient.push(s["pusher"], url, sha or "HEAD", "refs/heads/main")
+            p = gitclient.push(s["pusher"], url, sha or "HEAD", ctx.trunk)
             if not (sha and p.ok):
                 s["failures"] += 1
                 s["error"] = p.stderr_tail[-300:]
@@ -77,11 +77,11 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
                 copy_client(s["client"], c)
             with ServerUsage(ctx, t, precise=True) as u1, Wire(ctx, t) as w, PlanLog(t) as plan:
                 r = gitclient.fetch(s["client"], url, refspec)
-            ok = r.ok and gitclient.rev_parse(s["client"], "refs/remotes/origin/main") == sha
+            ok = r.ok and gitclient.rev_parse(s["client"], f"refs/remotes/origin/{ctx.trunk_name}") == sha
             with ServerUsage(ctx, t, precise=True) as u2:
                 for c in copies:
                     rc = gitclient.fetch(c, url, refspec)
-                    if not (rc.ok and gitclient.rev_parse(c, "refs/remotes/origin/main") == sha):
+                    if not (rc.ok and gitclient.rev_parse(c, f"refs/remotes/origin/{ctx.trunk_name}") == sha):
                         s["cpu_failures"] += 1
             for c in copies:
                 rmtree(c)
@@ -123,7 +123,7 @@ def _build_stale_history(ctx: WorkloadContext, t: TargetInfo, ns: list[int], pus
     Returns N -> branch commit id, plus the count of failed pushes under key -1 and
     N -> the branch's base (trunk's value when it was cut) under key "bases"."""
     url = repo_url(ctx, t)
-    base = gitclient.rev_parse(pusher, "refs/heads/main")
+    base = gitclient.rev_parse(pusher, ctx.trunk)
     top = max(ns)
     ids = gitclient.fast_import_chain(pusher, base, top, "refs/bench/trunk", tag="trunk")
     branches, bases, failed = {}, {}, 0
@@ -136,7 +136,7 @@ def _build_stale_history(ctx: WorkloadContext, t: TargetInfo, ns: list[int], pus
             r = gitclient.push(pusher, url, sha, f"refs/heads/stale-{left}")
             branches[left] = sha if r.ok else None
             bases[left] = parent
-        if not gitclient.push(pusher, url, ids[k], "refs/heads/main").ok:
+        if not gitclient.push(pusher, url, ids[k], ctx.trunk).ok:
             failed += 1
         if k % 10 == 0 or k == top - 1:
             report(ctx, done0 + k + 1, total, f"stale-branch history {t.name}")
@@ -178,7 +178,7 @@ def stale_branch(ctx: WorkloadContext) -> list[Measurement]:
             raise RuntimeError(f"stale-branch: cannot clone {t.name}")
         built[t.name] = _build_stale_history(ctx, t, ns, pusher, i * max(ns), total)
         client = d / "client"
-        r = gitclient.clone(repo_url(ctx, t), client, branch="main")
+        r = gitclient.clone(repo_url(ctx, t), client, branch=ctx.trunk_name)
         if not r.ok:
             raise RuntimeError(f"stale-branch: cannot clone {t.name}: {r.stderr_tail}")
         quiet_repo(client)

@@ -37,7 +37,7 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
         pusher = d / "pusher"
         if not gitclient.clone(repo_url(ctx, t), pusher, bare=True).ok:
             raise RuntimeError(f"push-history: cannot clone {t.name}")
-        base = gitclient.rev_parse(pusher, "refs/heads/main")
+        base = gitclient.rev_parse(pusher, ctx.trunk)
         ids = gitclient.fast_import_chain(pusher, base, total, "refs/bench/history", tag="history")
         state[t.name] = {"pusher": pusher, "ids": ids, "lat": [], "ok": []}
     usage = {t.name: ServerUsage(ctx, t).__enter__() for t in ctx.targets}
@@ -46,7 +46,7 @@ def push_history(ctx: WorkloadContext) -> list[Measurement]:
         for k in range(total):
             for t in ordered(ctx, k):
                 s = state[t.name]
-                r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][k], "refs/heads/main")
+                r = gitclient.push(s["pusher"], repo_url(ctx, t), s["ids"][k], ctx.trunk)
                 s["lat"].append(r.wall_ms)
                 s["ok"].append(r.ok)
             if k % 10 == 9 or k == total - 1:
@@ -139,7 +139,7 @@ def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: fl
     if not gitclient.clone(url, base_client, bare=True).ok:
         raise RuntimeError(f"writers: cannot clone {t.name}")
     quiet_repo(base_client)
-    base = gitclient.rev_parse(base_client, "refs/heads/main")
+    base = gitclient.rev_parse(base_client, ctx.trunk)
     cap = int(min(5000, max(50, seconds * 40)))   # upper bound on pushes one writer can make
     chains = []
     for i in range(writers):

@@ -134,16 +134,16 @@ def storm_warm(ctx: WorkloadContext) -> list[Measurement]:
                 copy_client(base, d / f"c{i}")
             report(ctx, 0, k, f"storm-warm {t.name} prepared")
             sha = gitclient.commit_file(pusher, "bench/storm.txt", f"storm {rep}\n", f"storm {rep}\n",
-                                        parent="refs/heads/main", when=gitclient.BASE_TIME + 1000 + rep)
-            p = gitclient.push(pusher, url, sha or "HEAD", "refs/heads/main")
+                                        parent=ctx.trunk, when=gitclient.BASE_TIME + 1000 + rep)
+            p = gitclient.push(pusher, url, sha or "HEAD", ctx.trunk)
             if not (sha and p.ok):
                 raise RuntimeError(f"storm-warm: cannot push to {t.name}: {p.stderr_tail}")
             settle = wait_target_packs(ctx, t, quiet=0.05)     # aspen, aspen-packs: the push's pack, not timed
             prewarm_ms = wait_prewarm(ctx, t)                   # aspen: the push's pre-warm, not timed
 
             def job(i: int) -> gitclient.ClientResult:
-                r = gitclient.fetch(d / f"c{i}", url, ["+refs/heads/main:refs/remotes/origin/main"])
-                if r.ok and gitclient.rev_parse(d / f"c{i}", "refs/remotes/origin/main") != sha:
+                r = gitclient.fetch(d / f"c{i}", url, [f"+{ctx.trunk}:refs/remotes/origin/{ctx.trunk_name}"])
+                if r.ok and gitclient.rev_parse(d / f"c{i}", f"refs/remotes/origin/{ctx.trunk_name}") != sha:
                     return gitclient.ClientResult(False, r.wall_ms, "fetched tip differs", r.stdout)
                 return r
             jobs = [lambda i=i: job(i) for i in range(k)]
