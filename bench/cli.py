@@ -352,7 +352,7 @@ def run_workload(name: str, targets: list[str], source: Path, workdir: Path, arg
             targets=infos, repo=REPO_NAME, proxies={t.info.name: t.proxy for t in started},
             roots={t.info.name: t.info.root for t in started}, workdir=workdir / "client",
             quick=args.quick, params=_knobs(args), procs={t.info.name: list(t.info.pids) for t in started},
-            progress=progress, trunk=_trunk(source))
+            progress=progress, trunk=_trunk(source / REPO_NAME))
         progress.start(0, name)
         return list(fn(ctx))
 
