@@ -1,8 +1,9 @@
 """The upload-pack service: Aspen writes the advertisements and ls-refs itself,
 parses every fetch into a FetchRequest, and answers it from stored version
 packs when the planner proves a plan (protocol v2, and v0/v1 rounds whose
-haves are all known tips). A round without `done` that the planner cannot
-prove yet, whose haves are all known version tips (certainly common), is
+haves are all known commits). A round without `done` that the planner cannot
+prove yet, whose haves are all commits the ref store knows (version tips,
+or commits a version introduced: certainly common), is
 answered with its acknowledgments alone (plan=acks): the client's next round
 brings more haves. Every other request goes to git's own upload-pack as it
 came (exact stock semantics), the trace saying why.
@@ -368,11 +369,13 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     from .planner.plan import UNPROVED, Fallback
     from .refstore.history import StoreHistory
     history = StoreHistory(store)
-    known = all(t.tips for t in history.tips_many(req.haves).values())
+    known = _haves_known(history, req.haves)
     if ctx.protocol_version != 2 and not known:
         return _fallback(ctx, "unknown-have")
     result = _plan(ctx, req, history)
     if isinstance(result, Fallback):
+        if result.detail:
+            ctx.trace["unproved"] = result.detail
         if result.reason == UNPROVED and known and not req.done:
             return _acknowledgments(ctx, req, result.reason)
         return _fallback(ctx, result.reason)
@@ -422,8 +425,16 @@ def _fallback(ctx, why: str) -> None:
     return None
 
 
+def _haves_known(history, haves) -> bool:
+    """Every have is a commit the ref store knows (a version's ref value, or a
+    commit a version introduced: its ancestors a client walks back through),
+    so common: stock acknowledges each of them too."""
+    unknown = [h for h, t in history.tips_many(haves).items() if not t.tips]
+    return all(history.introduced_by(h) for h in unknown)
+
+
 def _acknowledgments(ctx, req: FetchRequest, why: str) -> Iterator[bytes]:
-    """The round's ACKs (every have is a known tip, so common), no `ready`."""
+    """The round's ACKs (every have is a known commit, so common), no `ready`."""
     from . import responder
     ctx.trace.update(plan="acks", why=why, objects=0)
     if ctx.protocol_version == 2:
@@ -439,7 +450,8 @@ def _plan(ctx, req: FetchRequest, history):
     advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
     t0 = time.perf_counter()
     try:
-        result = plan(req, history, advertised, _annotated_tags(ctx, snap), _visibility(ctx, snap))
+        result = plan(req, history, advertised, _annotated_tags(ctx, snap), _visibility(ctx, snap),
+                      frozenset(r.oid for r in snap.refs if r.peeled))
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored pack index unusable ({e}); git answers\n")
         result = Fallback("pack-error")

@@ -207,3 +207,50 @@ def test_v2_sideband_all_goes_to_git(branchy):
     def band1(body: bytes) -> bytes:     # progress on band 2 is chunked by timing; the pack is not
         return b"".join(t[2] for t in d.tokens(body) if t[0] == "band" and t[1] == 1)
     assert band1(a.body) == band1(s.body) and b"PACK" in band1(a.body)
+
+
+def _answer_like_stock(branchy, body: bytes, version: int, plan: str):
+    a, s = branchy.post("aspen", body, version), branchy.post("stock", body, version)
+    line = _posts(a.stderr.decode(errors="replace"))[-1]
+    assert plan in line, line
+    ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
+    assert a.status == s.status == 200 and not ra.error
+    assert ra.objects == rs.objects
+    return ra
+
+
+@pytest.mark.parametrize("version", [0, 2])
+def test_haves_a_client_walked_back_to_are_known_and_planned(version, branchy):
+    """A client's haves after its tips are their ancestors: commits some
+    version introduced (here the import's), which are no ref value. They are
+    common, as stock finds, so the round is planned (v0 used to go to git:
+    unknown-have), with stock's objects."""
+    stale = branchy.rev("main~2")
+    haves = [stale, branchy.rev(f"{stale}~1"), branchy.rev(f"{stale}~2")]
+    want = [branchy.rev("main")]
+    body = _v2_fetch(want, haves, done=True) if version == 2 else d.v0_request(want, haves, caps=CAPS, done=True)
+    ra = _answer_like_stock(branchy, body, version, "plan=planned")
+    assert branchy.rev("main") in ra.objects
+
+
+def test_a_want_the_client_holds_through_its_haves_is_not_sent_again(branchy):
+    """A want (a new branch `old` at main's earlier value) that is an
+    earlier value of a ref whose later value is a have (git's client sends
+    such wants when it lacks the ref and its own walk stopped short): stock
+    sends none of its objects, and neither does the plan."""
+    h.git("push", "-q", "origin", "main~2:refs/heads/old", cwd=str(branchy.work))
+    body = _v2_fetch([branchy.rev("old")], [branchy.rev("main")], done=True)
+    ra = _answer_like_stock(branchy, body, 2, "plan=planned")
+    assert ra.objects == set()
+
+
+def test_an_annotated_tag_on_a_commit_the_client_has_is_sent(branchy):
+    """The tips index files a tag's commit under the tag's ref too; a want
+    of the tag object is never taken as held because its commit is a have:
+    the tag object is sent, as stock sends it."""
+    h.git("tag", "-a", "t1", "-m", "t1", "main", cwd=str(branchy.work))
+    h.git("push", "-q", "origin", "t1", cwd=str(branchy.work))
+    tag = branchy.rev("refs/tags/t1")
+    body = _v2_fetch([tag], [branchy.rev("main")], done=True)
+    ra = _answer_like_stock(branchy, body, 2, "plan=")
+    assert tag in ra.objects

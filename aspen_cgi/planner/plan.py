@@ -32,9 +32,15 @@ saw the refs of that version, so it may well hold c through a ref whose
 history the rules do not follow (a merge into another branch), and the
 holder's pack would send it again what it has. Measured in the bench's
 lagging-clients workload: such plans carried 1.7x to 2.9x stock's bytes,
-most of them objects the client held. A later round with more haves may
+most of them objects the client held. A want the rules prove in the
+client's closure is left out: the client has it through another ref, as
+stock finds by walking (measured in random-fetch: without this a plan
+resent two such versions whole, 2x stock's pack bytes). Likewise when
+a needed version introduced one of the haves that is no ref value (a v0 client walks back
+through its history, sending ancestors of its tips): that version's pack
+holds what the client has below the have. A later round with more haves may
 prove c (upload.py answers such a round's acknowledgments itself when every
-have is a known tip); a `done` round goes to git, which walks the commits.
+have is a commit the store knows); a `done` round goes to git, which walks the commits.
 
 include-tag (git's `pack-objects --include-tag`): an annotated tag under
 refs/tags whose peeled object is sent is sent too, with its tag chain. After
@@ -129,6 +135,7 @@ class Fallback:
     versions_visited: int = 0
     segments_visited: int = 0
     lookups: int = 0
+    detail: str = ""          # UNPROVED: "import" (the whole repository needed) or "held" (a holder the client may have)
 
 
 @dataclass
@@ -149,8 +156,8 @@ class _Count:
         have and want among them), counted as a lookup, not as a visit."""
         self.lookups += 1
 
-    def fallback(self, reason: str) -> Fallback:
-        return Fallback(reason, len(self.versions), len(self.segments), self.lookups)
+    def fallback(self, reason: str, detail: str = "") -> Fallback:
+        return Fallback(reason, len(self.versions), len(self.segments), self.lookups, detail)
 
 
 SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "side-band", "side-band-64k",
@@ -161,13 +168,17 @@ SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "si
 
 def plan(req: FetchRequest, history: History, advertised: frozenset[str],
          tags: Optional[Mapping[str, str]] = None,
-         visible: Optional[Callable[[str], bool]] = None) -> Plan | Fallback:
+         visible: Optional[Callable[[str], bool]] = None,
+         tag_objects: Collection[str] = ()) -> Plan | Fallback:
     """ADVERTISED: every object the client may want (visible ref values and
     their peeled objects); TAGS: each annotated refs/tags/* value (every one
     git's include-tag looks at, hidden or not) -> its peeled object;
     VISIBLE: given when some refs are not this client's to see (hideRefs, a
     namespace): a stored pack of a version that wrote a ref it rejects may
-    hold objects only that ref reaches, so such a plan goes to git."""
+    hold objects only that ref reaches, so such a plan goes to git;
+    TAG_OBJECTS: every annotated tag among the ref values (the tips index
+    files a tag's commit under the tag's ref too, so the rules prove
+    commits only)."""
     reason = _request_reason(req, advertised)
     if reason:
         return Fallback(reason)
@@ -179,10 +190,13 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
         if whole is not None:
             return whole
     walk = _Walk(history, count, req.haves, widen=True)
+    walk.tag_objects = frozenset(tags or ()) | frozenset(tag_objects)
     why = (walk.want(req.wants) or walk.discharge() or walk.unproved()
            or _include_tags(req, tags or {}, walk) or walk.unproved()
            or (walk.invisible(visible) if visible is not None else None)
            or _exact(req, tags or {}, walk))
+    if why == UNPROVED:
+        return count.fallback(why, "import" if 1 in walk.needed else "held")
     return count.fallback(why) if why else walk.plan()
 
 
@@ -213,6 +227,7 @@ class _Walk:
         self.widened = False
         self.needed: set[int] = set()
         self.held_for: set[int] = set()               # versions needed only to hold an unproved boundary commit
+        self.tag_objects: frozenset[str] = frozenset()   # annotated tags: the rules speak of their commits only
         self.work: list[int] = []
         self.proved: dict[str, bool] = {}
         self.packs: dict[int, Optional[PackInfo]] = {}
@@ -267,6 +282,8 @@ class _Walk:
             first = self.tips(w).first
             if first is None:
                 return "want-not-a-tip"
+            if self.haves and w not in self.tag_objects and self.in_closure(w):
+                continue                  # the client has it through another ref: stock sends none of it
             self.need(first[0])
         return None
 
@@ -338,13 +355,26 @@ class _Walk:
 
     def unproved(self) -> Optional[str]:
         """UNPROVED when a client with haves would get a holder's pack it may
-        already hold (module docstring), or the whole repository."""
+        already hold (module docstring), a pack of a version that introduced
+        one of its haves, or the whole repository."""
         if not self.haves:
             return None
         if 1 in self.needed:
             return UNPROVED
         state = self.client_state()
-        return UNPROVED if any(v <= state for v in self.held_for) else None
+        if any(v <= state for v in self.held_for):
+            return UNPROVED
+        return UNPROVED if self.needed & self.inside_haves() else None
+
+    def inside_haves(self) -> set[int]:
+        """The versions that introduced a have which is no version's ref value
+        (a commit a v0 client walked back to): their packs hold commits, and
+        the objects below them, that the client has."""
+        inside: set[int] = set()
+        for c, ans in self.have_answers.items():
+            if not ans.tips:
+                inside.update(self.introduced_by(c))
+        return inside
 
     def client_state(self) -> int:
         """The latest version at which one of the client's haves was a ref value."""

@@ -203,7 +203,7 @@ class PlanStats:
         (operations that left no trace line: nothing to fetch, no fetch request), fallbacks ("why=count, ..." most frequent first), plan
         and why (the most frequent), medians of planning_us, versions_visited,
         segments_visited, visits_total, extents (planned ones), serve_ms;
-        planning_us_max and visits_max; per protocol plan_share_vP when several
+        planning_us_p99, planning_us_max and visits_max; per protocol plan_share_vP when several
         protocols were traced."""
         if not self.traced or not self.ops:
             return {}
@@ -235,6 +235,7 @@ class PlanStats:
                 out[key] = stats.median(vals)
         us = [o["planning_us"] for o in traced if "planning_us" in o]
         if us:
+            out["planning_us_p99"] = stats.percentile(us, 99)
             out["planning_us_max"] = max(us)
         visits = [o["visits_total"] for o in traced if "visits_total" in o]
         if visits:

@@ -26,6 +26,7 @@ from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
 from .common import PlanLog, PlanStats, Wire, ordered, report, repo_url, rmtree
+from .ratios import compare
 from .storeprobe import wait_target_packs
 
 MAX_POOL = 6
@@ -48,6 +49,7 @@ class _World:
                   "push_failures": 0, "ops": 0}
         self.by_protocol: dict[int, int] = {}
         self.plans = PlanStats(t)
+        self.fetch_rows: list[dict] = []
         self.waits: list[float] = []
         self.error = ""
 
@@ -154,11 +156,18 @@ class _World:
             self.error = r.stderr_tail[-300:]
             return
         self.walls.append(r.wall_ms)
-        for k, v in w.metrics().items():
+        wire = w.metrics()
+        for k, v in wire.items():
             if k in self.bytes:
                 self.bytes[k] += v
+        trace = plan.metrics()
+        row = {"i": self.n["fetches"] - 1, "k": 0, "shape": "random", "protocol": protocol,
+               "exchange_bytes": wire.get("exchange_bytes"), "pack_bytes": wire.get("pack_bytes"),
+               **{key: trace[key] for key in ("plan", "why", "extents", "planning_us") if key in trace}}
         ls = gitclient.ls_remote(self.url)
         v = gitclient.verify(client, gitclient.parse_refs(ls.stdout), mirror=True) if ls.ok else None
+        row["ok"] = bool(v and v.ok)
+        self.fetch_rows.append(row)
         if v and v.ok:
             self.n["verified"] += 1
         else:
@@ -187,7 +196,12 @@ def random_fetch(ctx: WorkloadContext) -> list[Measurement]:
     Metrics: fetches, fetches_vP per protocol, verified, failures, clones, ops,
     total bytes / pack_bytes / exchange_bytes of the fetches, p50 wall; for Aspen
     targets the plan trace: plan_share, planned, fallback, fallbacks (why=count),
-    planning_us and visits medians (and maxima), extents; packs_wait_ms."""
+    planning_us and visits medians (and maxima, planning_us_p99), extents;
+    packs_wait_ms. Fetch i is the same fetch on every target (same seed, same
+    commits), so each Aspen fetch's bytes are divided by the baseline's for
+    it, as lagging-clients does: ratio_p50/_p99/_max, over_2pct, the same
+    over planned fetches (planned_ratio_*, planned_over_2pct), worst_fetch;
+    the per-fetch rows are in raw.jsonl (extra["fetches"])."""
     fetches = int(ctx.param("fetches", 200, quick=20))
     seed = int(ctx.param("seed", 1))
     protocols = parse_protocols(ctx.param("protocols", "0,2"))
@@ -199,9 +213,10 @@ def random_fetch(ctx: WorkloadContext) -> list[Measurement]:
         report(ctx, i + 1, fetches, "random-fetch")
     out = []
     label = ",".join(str(p) for p in protocols)
+    ratios = compare({t.name: worlds[t.name].fetch_rows for t in ctx.targets})
     for t in ctx.targets:
         w = worlds[t.name]
-        m = {**w.n, **w.bytes}
+        m = {**w.n, **w.bytes, **ratios.get(t.name, {})}
         m.update({f"fetches_v{p}": c for p, c in sorted(w.by_protocol.items())})
         if w.walls:
             m["wall_p50_ms"] = stats.median(w.walls)
@@ -209,6 +224,6 @@ def random_fetch(ctx: WorkloadContext) -> list[Measurement]:
             m["packs_wait_ms"] = stats.median(w.waits)
         m.update({k: v for k, v in w.plans.summary().items() if not k.startswith("fetches_v")})
         out.append(Measurement("random-fetch", t.name, {"fetches": fetches, "seed": seed, "protocols": label}, m,
-                               w.walls, w.error))
+                               w.walls, w.error, extra={"fetches": w.fetch_rows}))
         rmtree(w.dir)
     return out
