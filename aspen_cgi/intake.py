@@ -184,9 +184,10 @@ def _max_input(opts: IntakeOptions) -> list[str]:
 
 def unpack(q: Quarantine, gitdir: str, env: Mapping[str, str], header: PackHeader,
            read: Callable[[int], bytes], opts: IntakeOptions,
-           keepalive: float = 0) -> Generator[Optional[bytes], None, UnpackResult]:
+           keepalive: float = 0, tee: Optional[Callable[[bytes], None]] = None
+           ) -> Generator[Optional[bytes], None, UnpackResult]:
     """Stream the rest of the pack from READ into unpack-objects or index-pack
-    (intake_args) in the quarantine.
+    (intake_args) in the quarantine, each chunk also given to TEE.
 
     Nothing is yielded until the whole body is read, so an exception from
     READ (a short body) propagates before any output, after index-pack is
@@ -206,6 +207,8 @@ def unpack(q: Quarantine, gitdir: str, env: Mapping[str, str], header: PackHeade
                 chunk = read(CHUNK)
                 if not chunk:
                     break
+                if tee is not None:
+                    tee(chunk)
                 if child_alive:
                     try:
                         proc.stdin.write(chunk)

@@ -54,6 +54,7 @@ class Push:
         self.quarantine: Optional[intake.Quarantine] = None
         self.msgs = push.Messages(False, ctx.log)
         self.keep_file: Optional[str] = None
+        self.sent = None       # packs.sentpack.SentPack
         self.new_commits: dict[str, tuple[str, ...]] = {}
         self.ff_known: dict[tuple[str, str], bool] = {}
         import uuid  # only pushes pay for it
@@ -80,7 +81,11 @@ class Push:
             self._cleanup()
 
     def _cleanup(self) -> None:
-        """Drop an unmigrated quarantine and the .keep that guarded a migrated pack."""
+        """Drop an unmigrated quarantine, the .keep that guarded a migrated pack,
+        and the client's pack kept for a version that did not land."""
+        if self.sent is not None:
+            self.sent.discard()
+            self.sent = None
         if self.quarantine is not None:
             self.quarantine.remove()
             self.quarantine = None
@@ -129,6 +134,9 @@ class Push:
         fault("after-intake", self.ctx.env)
         states = [CommandState(c) for c in req.commands]
         yield from self._execute(states, unpack_error, req.push_options)
+        if self.sent is not None and any(s.error is None for s in states):
+            self.sent.keep()
+            self.sent = None
         self._cleanup()
 
         results = [RefResult(s.cmd.ref, s.error) for s in states]
@@ -166,7 +174,8 @@ class Push:
     # -- pack intake ------------------------------------------------------------
 
     def _unpack(self) -> Generator[bytes, None, Optional[str]]:
-        header = push.parse_pack_header(_read_exact(self.body, 12))
+        raw = _read_exact(self.body, 12)
+        header = push.parse_pack_header(raw)
         if isinstance(header, str):
             return header
         try:
@@ -178,13 +187,24 @@ class Push:
                                     unpack_limit=p.unpack_limit, progress=self.neg.sideband and not self.neg.quiet,
                                     quiet=self.neg.quiet)
         self.ctx.trace["objects"] = header.entries
+        self.sent = self._keep_sent(raw)
         res = yield from self._relay(intake.unpack(self.quarantine, self.gitdir, self.ctx.env, header,
-                                                   self.body.read, opts, self.idle))
+                                                   self.body.read, opts, self.idle,
+                                                   self.sent.write if self.sent else None))
         if res.error:
             self.quarantine.remove()
             self.quarantine = None
         self.keep_file = res.keep
         return res.error
+
+    def _keep_sent(self, header: bytes):
+        """The client's pack, kept for its version's build when version packs are on."""
+        from .packs import background
+        from .packs.sentpack import SentPack
+        store = self.ctx.refstore()
+        if store is None or not background.enabled(self.ctx.env):
+            return None
+        return SentPack.start(store.packs_dir, store.sent_pack_path(self.push_id), header)
 
     def _qenv(self) -> dict:
         return self.quarantine.env(self.ctx.env) if self.quarantine else dict(self.ctx.env)

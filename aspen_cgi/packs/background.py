@@ -11,6 +11,15 @@
   under a second lock, so that a long compaction never holds back the next
   push's version pack: a builder started meanwhile builds that and leaves the
   segments to the one compacting, which looks again before it stops.
+- When: segment packs only once the repository has been QUIET_ENV
+  milliseconds (default 1000) without a new version. During a burst of
+  pushes the builder keeps building each push's version pack (fetches wait
+  for those) and leaves compaction until the burst ends: then the schedule's
+  runs over the whole burst are built once, instead of every intermediate
+  run a push completed (each re-deltifies all its versions' objects, and
+  most are pruned by the next larger run). Measured on the medium preset,
+  513 pushes: the runs built push by push cost 11.4 ms of CPU per push, the
+  version packs 16.4 ms.
 - How hard: every build (background or `aspen import`) holds one of the
   machine's ASPEN_BUILDS_PER_SERVER build slots (default half the cores, at
   least one; admission.py), apart from live requests' cold slots, so clones
@@ -61,6 +70,8 @@ WAIT_ENV = "ASPEN_BUILD_WAIT_MS"     # how long a fetch waits for a running buil
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
 NICE = 10                         # background builds' niceness
+QUIET_ENV = "ASPEN_COMPACT_QUIET_MS"   # segment packs wait for this long without a new version (default 1000)
+QUIET_DEFAULT = 1.0
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -268,6 +279,7 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                guard: RepoGuard, slot: _BuildSlot, rep: BuildReport) -> None:
     from .versionpack import DeltaSearch
     search = search or DeltaSearch()
+    quiet = compact_quiet(store.env)
     done_segments = 0
     while True:
         vlock = BuildLock(store.packs_dir, guard=guard)
@@ -280,14 +292,19 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                 guard.check()
                 store.sync()
                 guard.watch_store(store)
-                if store.all_packs_built():
+                if not store.all_packs_built():
+                    slot.take()
+                    batch = store.build_packs(search, progress=lambda done, total, v: on_version and on_version(
+                        done, total, f"version {v}"), guard=guard)
+                    rep.versions += batch
+                    if batch:
+                        continue
                     break
-                slot.take()
-                batch = store.build_packs(search, progress=lambda done, total, v: on_version and on_version(
-                    done, total, f"version {v}"), guard=guard)
-                rep.versions += batch
-                if not batch:
+                wait = _unquiet(store, quiet) if store.segments_to_build() else 0.0
+                if wait <= 0:
                     break
+                slot.release()    # pushes are landing: their version packs first (this lock kept), compaction after
+                time.sleep(min(wait, 0.25))
         finally:
             vlock.release()
         guard.check()
@@ -321,9 +338,30 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                 return
 
 
+def compact_quiet(env: Mapping[str, str]) -> float:
+    """Seconds without a new version before segment packs are built (QUIET_ENV, ms)."""
+    raw = env.get(QUIET_ENV) or os.environ.get(QUIET_ENV) or ""
+    try:
+        return max(0.0, float(raw) / 1000) if raw.strip() else QUIET_DEFAULT
+    except ValueError:
+        return QUIET_DEFAULT
+
+
+def _unquiet(store, quiet: float) -> float:
+    """How much longer to wait for the repository to be QUIET seconds without a new version."""
+    if quiet <= 0:
+        return 0.0
+    return quiet - (time.time() - store.latest_at())
+
+
 def _build(gitdir: str, env: Mapping[str, str]) -> None:
-    """A server thread's builder (IN_PROCESS): its git children run at niceness NICE."""
+    """A server thread's builder (IN_PROCESS): the thread itself runs at
+    niceness NICE (Linux keeps one per thread), and so do its git children."""
     from ..refstore.store import state_dir
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(NICE, gitexec.niceness()))
+    except OSError:
+        pass                         # then each git child gets a `nice` prefix
     guard = RepoGuard.take(gitdir, state_dir(gitdir, env))
     if guard is None:
         return

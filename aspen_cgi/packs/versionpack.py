@@ -23,7 +23,7 @@ import shutil
 import socket
 import tempfile
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from .. import gitexec
 from ..refstore.owners import owner_alive, owner_id
@@ -171,6 +171,86 @@ def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Se
         return BuiltPack(name, pack_path, idx_path, len(entries), size)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+ADOPT_MAX = 4 << 20      # bytes: larger client packs are built by pack-objects as before
+
+
+def adopt(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], sent: str,
+          outdir: str, bases, search: DeltaSearch = DeltaSearch(), guard=None) -> Optional[BuiltPack]:
+    """Q_v without building it: the pack SENT (the thin pack the client pushed
+    for this version, kept by the push) when it holds exactly the objects of
+    TIPS over BOUNDARY, indexed here (thinindex) and moved into OUTDIR under
+    its trailer. None when it does not (the client sent more or less than
+    Q_v: say it had refs the server lacks), or it is too large: then `build`.
+    The deltas are the client's; segment packs search wider later."""
+    guard = guard or _Unguarded()
+    from . import thinindex
+    from .packfile import PackError
+    try:
+        if os.path.getsize(sent) > ADOPT_MAX:
+            return None
+        with open(sent, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    stdin = "".join(f"{t}\n" for t in tips) + "".join(f"^{b}\n" for b in boundary)
+    res = _git(gitdir, env, ["rev-list", "--objects", "--stdin"], search, guard, input=stdin.encode())
+    if not res.ok:
+        guard.check()
+        raise BuildError(res.stderr.decode("utf-8", "replace").strip())
+    want = {line[:40] for line in res.stdout.decode().splitlines() if line}
+    try:
+        index = thinindex.index_thin(data, bases)
+    except PackError:
+        return None
+    entries = index.entries
+    if {oid.hex() for oid, _, _ in entries} != want:
+        return None
+    if index.thin_bases:
+        # a client served Q_v holds closure(B_v): every base must lie in the boundary's trees, as
+        # pack-objects --thin takes them (another client may have used any object it knew the server had)
+        stdin = "".join(f"{b}\n" for b in boundary)
+        res = _git(gitdir, env, ["rev-list", "--objects", "--no-walk", "--stdin"], search, guard, input=stdin.encode())
+        if not res.ok:
+            guard.check()
+            return None
+        edge = {line[:40] for line in res.stdout.decode().splitlines() if line}
+        if any(b.hex() not in edge for b in index.thin_bases):
+            return None
+    if not os.path.isdir(outdir):
+        guard.mkdir(outdir)
+    trailer = data[-20:]
+    name = trailer.hex()
+    pack_path = os.path.join(outdir, f"pack-{name}.pack")
+    idx_path = os.path.join(outdir, f"pack-{name}.idx")
+    from dulwich.pack import write_pack_index_v2
+    scratch = guard.mkdtemp(f"{SCRATCH_PREFIX}{scratch_owner()}-", outdir)
+    try:
+        tmp_idx = os.path.join(scratch, "own.idx")
+        with open(tmp_idx, "wb") as f:
+            write_pack_index_v2(f, entries, trailer)
+        guard.check()
+        os.replace(sent, pack_path)
+        guard.check()
+        os.replace(tmp_idx, idx_path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return BuiltPack(name, pack_path, idx_path, len(entries), len(data))
+
+
+def repository_bases(gitdir: str):
+    """A thinindex.BaseReader over the repository's objects (dulwich's object
+    store: packs, loose objects, alternates)."""
+    from dulwich.object_store import DiskObjectStore
+    store = DiskObjectStore(os.path.join(gitdir, "objects"))
+
+    def read(oid: bytes):
+        try:
+            return store.get_raw(oid.hex().encode())
+        except KeyError:
+            return None
+    return read
 
 
 def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:

@@ -288,6 +288,17 @@ def latest_version(conn: Conn) -> int:
     return conn.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0]
 
 
+def version_push_id(conn: Conn, version: int) -> Optional[str]:
+    row = conn.execute("SELECT push_id FROM versions WHERE id = ?", (version,)).fetchone()
+    return row[0] if row else None
+
+
+def latest_version_at(conn: Conn) -> float:
+    """When the latest version was committed (0 without versions)."""
+    row = conn.execute("SELECT at FROM versions ORDER BY id DESC LIMIT 1").fetchone()
+    return float(row[0]) if row else 0.0
+
+
 def get_state(conn: Conn, key: str) -> Optional[str]:
     row = conn.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
     return row[0] if row else None

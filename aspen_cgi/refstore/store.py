@@ -34,12 +34,20 @@ DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no s
 
 # Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
 LOCK_GRACE = 0.5   # seconds a dead writer's git child gets to drop its own locks
+SENT_PREFIX = "sent-"  # packs/sent-<push id>.pack: the pack a push's client sent, until its version is built
 
 _local = threading.local()
 _snapshots: dict[str, tuple[tuple[int, int], list[StoredRef]]] = {}
 _views: dict[tuple, tuple[list[StoredRef], refs_mod.RefSnapshot]] = {}
 _inflight: set[tuple[str, int]] = set()
 _lock = threading.Lock()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def state_dir(gitdir: str, env: Mapping[str, str]) -> str:
@@ -451,6 +459,7 @@ class RefStore:
             return []
         values = db.refs_before(self.conn, todo[0])
         out = []
+        bases = None
         for n, vid in enumerate(todo):
             if progress:
                 progress(n, len(todo), vid)
@@ -461,13 +470,22 @@ class RefStore:
             if guard is not None:
                 guard.check()
             b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(set(values.values())), search, guard)
-            built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard) if tips else None
-            def record(conn: db.Conn, vid=vid, built=built, b=b) -> None:
+            built, how = None, search
+            sent = self._sent_pack(vid)
+            if tips and sent is not None:
+                bases = bases or vp.repository_bases(self.gitdir)
+                built = vp.adopt(self.gitdir, self.env, tips, b.commits, sent, self.packs_dir, bases, search, guard)
+                how = vp.DeltaSearch(window=0, depth=0, compression=-1) if built else search
+            if tips and built is None:
+                built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard)
+            if sent is not None:
+                _unlink(sent)
+            def record(conn: db.Conn, vid=vid, built=built, b=b, how=how) -> None:
                 db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
                 db.insert_introduced(conn, vid, b.introduced)
                 db.record_pack(conn, vid, built.name if built else "", built.objects if built else 0,
-                               built.size if built else 0, time.time(), search.window, search.depth,
-                               search.compression, b.commits)
+                               built.size if built else 0, time.time(), how.window, how.depth,
+                               how.compression, b.commits)
             db.write(self.conn, record)
             out.append((vid, built))
             for ref, _, new, _, _, _ in ups:
@@ -478,6 +496,19 @@ class RefStore:
         if progress:
             progress(len(todo), len(todo), todo[-1])
         return out
+
+    def sent_pack_path(self, push_id: str) -> str:
+        """Where a push keeps the pack its client sent (SENT_PREFIX + push id), for its version's build."""
+        return os.path.join(self.packs_dir, f"{SENT_PREFIX}{push_id}.pack")
+
+    def _sent_pack(self, version: int) -> Optional[str]:
+        """The pack VERSION's push sent, if it kept one (adopt() checks that it holds
+        exactly this version's objects: a push of several refs makes several versions)."""
+        push_id = db.version_push_id(self.conn, version)
+        if not push_id:
+            return None
+        path = self.sent_pack_path(push_id)
+        return path if os.path.exists(path) else None
 
     def all_packs_built(self) -> bool:
         return not db.versions_without_pack(self.conn, 1)
@@ -545,8 +576,9 @@ class RefStore:
 
     def sweep_packs(self, min_age: float = 3600.0) -> list[str]:
         """Remove what crashed builders left in the packs directory: pack files no
-        row names (untouched for MIN_AGE seconds) and scratch directories of
-        processes that are gone. The paths removed."""
+        row names and packs pushes kept that no build took (untouched for
+        MIN_AGE seconds), and scratch directories of processes that are gone.
+        The paths removed."""
         from ..packs import versionpack as vp
         try:
             names = os.listdir(self.packs_dir)
@@ -563,7 +595,8 @@ class RefStore:
                     out.append(path)
                 continue
             stem, ext = os.path.splitext(n)
-            if not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used:
+            sent = stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp")    # a push's, never built from
+            if not sent and (not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used):
                 continue
             try:
                 st = os.stat(path)
@@ -631,6 +664,11 @@ class RefStore:
 
     def latest(self) -> int:
         return db.latest_version(self.conn)
+
+    def latest_at(self) -> float:
+        """The wall-clock time the latest version was committed."""
+        with db.reading(self.conn) as conn:
+            return db.latest_version_at(conn)
 
     def log(self, limit: Optional[int] = None) -> Iterator[Version]:
         before = None

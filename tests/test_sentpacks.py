@@ -1,0 +1,180 @@
+"""A push's version pack is the pack its client sent, when that pack holds
+exactly the version's objects with thin bases in the boundary's trees
+(versionpack.adopt); otherwise it is built by pack-objects as before.
+
+- thinindex computes the index `git index-pack --fix-thin` computes;
+- pushes through the server leave adopted version packs (recorded with
+  window 0), the kept client packs are gone once built, and a client one
+  push behind completes from them;
+- a client pack with objects beyond the version's (the client did not know
+  a ref the server had) is not adopted: the version pack is built;
+- a pack whose delta base lies outside the boundary's trees is not adopted."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from dulwich.object_store import DiskObjectStore
+from dulwich.pack import create_delta
+
+from aspen_cgi.packs import thinindex, versionpack
+from aspen_cgi.packs.packfile import PackError, encode_entry_header
+from aspen_cgi.refstore.store import RefStore
+
+from . import harness as h
+from . import pushkit as pk
+
+
+def _commit(work: Path, name: str, text: str) -> str:
+    (work / name).write_text(text)
+    h.git("add", "-A", cwd=str(work))
+    h.git("commit", "-q", "-m", name, cwd=str(work))
+    return h.out("rev-parse", "HEAD", cwd=str(work))
+
+
+def _git_index(repo: Path, pack: bytes) -> list[tuple[str, int]]:
+    """(id, offset) of the pack's own entries, as index-pack --fix-thin lists them."""
+    scratch = repo / "scratch"
+    scratch.mkdir(exist_ok=True)
+    h.git("index-pack", "--stdin", "--fix-thin", "-o", str(scratch / "x.idx"), str(scratch / "x.pack"),
+          cwd=str(repo), input=pack)
+    out = subprocess.run(["git", "show-index"], stdin=open(scratch / "x.idx", "rb"), capture_output=True,
+                         check=True).stdout.decode().split()
+    end = len(pack) - 20
+    return sorted((out[i + 1], int(out[i])) for i in range(0, len(out), 3) if int(out[i]) < end)
+
+
+def test_thinindex_agrees_with_index_pack(tmp_path):
+    repo = h.make_history(tmp_path / "repo.git", commits=6)
+    work = tmp_path / "work"
+    h.git("clone", "-q", str(repo), str(work))
+    base = _commit(work, "grow.txt", "".join(f"line {j}\n" for j in range(200)))
+    for i in range(4):
+        _commit(work, "grow.txt", "".join(f"line {j}\n" for j in range(200 + i)) + f"grown {i}\n")
+    tip = h.out("rev-parse", "HEAD", cwd=str(work))
+    h.git("push", "-q", "origin", "HEAD:refs/heads/grow", cwd=str(work))
+    pack = h.git("pack-objects", "--revs", "--thin", "--stdout", "-q", "--delta-base-offset", cwd=str(repo),
+                 input=f"{tip}\n^{base}\n".encode()).stdout
+    index = thinindex.index_thin(pack, versionpack.repository_bases(str(repo)))
+    assert [(oid.hex(), off) for oid, off, _ in sorted(index.entries)] == _git_index(repo, pack)
+    assert index.thin_bases                                   # the file's version at the base is a thin base
+    with pytest.raises(PackError):
+        thinindex.index_thin(pack[:-1] + bytes([pack[-1] ^ 1]), versionpack.repository_bases(str(repo)))
+
+
+def _settled(store: RefStore, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        store.sync()
+        if store.all_packs_built() and not any(n.startswith("sent-") for n in os.listdir(store.packs_dir)):
+            return
+        time.sleep(0.1)
+    raise AssertionError("version packs not built")
+
+
+def _windows(repo: Path) -> dict[int, int]:
+    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    return dict(store.conn.execute("SELECT version, window FROM version_packs"))
+
+
+def test_pushes_leave_the_clients_packs_as_version_packs(root, server_factory, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    server = server_factory(root)
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    behind = tmp_path / "behind"
+    h.git("clone", "-q", "--bare", server.url + "/repo.git", str(behind))
+    for i in range(3):
+        _commit(work, f"f{i}.txt", f"push {i}\n" * 50)
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    _settled(store)
+    windows = _windows(repo)
+    latest = store.latest()
+    assert [windows[v] for v in range(latest - 2, latest + 1)] == [0, 0, 0], windows
+    h.git("fetch", "-q", server.url + "/repo.git", "+refs/heads/*:refs/heads/*", cwd=str(behind))
+    h.fsck_strict(str(behind))
+    assert h.refs_of(str(behind)) == h.refs_of(str(repo))
+    assert "plan=planned" in [line for line in server.log_text().splitlines() if "git-upload-pack" in line][-1]
+
+
+def test_a_pack_with_objects_the_server_had_is_built_instead(root, server_factory, tmp_path):
+    """The client holds side's first commit but not side's value on the
+    server, so it sends that commit again: more than the version introduced;
+    the version pack is built by pack-objects."""
+    repo = pk.enable_push(root / "repo.git")
+    server = server_factory(root)
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    side = _commit(work, "side.txt", "side\n" * 30)
+    h.git("push", "-q", "origin", "HEAD:refs/heads/side", cwd=str(work))
+    other = tmp_path / "other"
+    h.git("clone", "-q", "--single-branch", "-b", "main", server.url + "/repo.git", str(other))
+    h.git("fetch", "-q", str(work), f"{side}:refs/heads/mine", cwd=str(other))
+    h.git("checkout", "-q", "mine", cwd=str(other))
+    _commit(work, "side.txt", "side moved on\n" * 30)
+    h.git("push", "-q", "origin", "HEAD:refs/heads/side", cwd=str(work))
+    _commit(other, "more.txt", "more\n" * 30)
+    h.git("push", "-q", "origin", "HEAD:refs/heads/more", cwd=str(other))
+    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    _settled(store)
+    assert _windows(repo)[store.latest()] == versionpack.DeltaSearch().window
+    fresh = tmp_path / "fresh"
+    h.git("clone", "-q", "--mirror", server.url + "/repo.git", str(fresh))
+    h.fsck_strict(str(fresh))
+    assert h.refs_of(str(fresh)) == h.refs_of(str(repo))
+
+
+def _entry(type_code: int, body: bytes) -> bytes:
+    return encode_entry_header(type_code, len(body)) + zlib.compress(body)
+
+
+def _pack(entries: list[bytes]) -> bytes:
+    data = b"PACK" + (2).to_bytes(4, "big") + len(entries).to_bytes(4, "big") + b"".join(entries)
+    return data + hashlib.sha1(data).digest()
+
+
+@pytest.mark.parametrize("base_in_boundary", [True, False])
+def test_a_delta_base_outside_the_boundarys_trees_is_not_adopted(base_in_boundary, tmp_path):
+    """A client served the version pack holds the boundary's closure only."""
+    repo = tmp_path / "repo.git"
+    h.git("init", "-q", "--bare", str(repo))
+    work = tmp_path / "work"
+    h.git("clone", "-q", str(repo), str(work))
+    text = "".join(f"line {j}\n" for j in range(300))
+    c1 = _commit(work, "f.txt", text)
+    h.git("checkout", "-q", "-b", "other", cwd=str(work))
+    _commit(work, "g.txt", text + "other\n")
+    h.git("checkout", "-q", "-", cwd=str(work))
+    c2 = _commit(work, "f.txt", text + "new\n")
+    h.git("push", "-q", "origin", "other", f"{c1}:refs/heads/main", cwd=str(work))
+    h.git("push", "-q", "origin", f"{c2}:refs/heads/next", cwd=str(work))
+    objects = DiskObjectStore(str(repo / "objects"))
+    blob_new = h.out("rev-parse", f"{c2}:f.txt", cwd=str(work))
+    base = h.out("rev-parse", f"{c1}:f.txt" if base_in_boundary else "other:g.txt", cwd=str(work))
+    tree = h.out("rev-parse", f"{c2}^{{tree}}", cwd=str(work))
+    raw = {oid: objects.get_raw(oid.encode())[1] for oid in (c2, tree, blob_new, base)}
+    delta = b"".join(create_delta(raw[base], raw[blob_new]))
+    pack = _pack([_entry(1, raw[c2]), _entry(2, raw[tree]),
+                  encode_entry_header(7, len(delta), base_oid=bytes.fromhex(base)) + zlib.compress(delta)])
+    sent = tmp_path / "sent.pack"
+    sent.write_bytes(pack)
+    out = tmp_path / "packs"
+    out.mkdir()
+    built = versionpack.adopt(str(repo), dict(os.environ), [c2], [c1], str(sent), str(out),
+                              versionpack.repository_bases(str(repo)))
+    if base_in_boundary:
+        assert built is not None and built.objects == 3 and not sent.exists()
+        client = tmp_path / "client.git"
+        h.git("clone", "-q", "--bare", "--single-branch", "-b", "main", str(repo), str(client))
+        h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=Path(built.pack).read_bytes())
+        h.git("update-ref", "refs/heads/next", c2, cwd=str(client))
+        h.fsck_strict(str(client))
+    else:
+        assert built is None and sent.exists()
