@@ -167,8 +167,8 @@ def test_a_delta_base_outside_the_boundarys_trees_is_not_adopted(base_in_boundar
     sent.write_bytes(pack)
     out = tmp_path / "packs"
     out.mkdir()
-    built = versionpack.adopt(str(repo), dict(os.environ), [c2], [c1], str(sent), str(out),
-                              versionpack.repository_bases(str(repo)))
+    built = versionpack.adopt(str(repo), dict(os.environ), [c2], versionpack.Boundary((c2,), (c1,)), str(sent), str(out),
+                              versionpack.RepoObjects(str(repo)))
     if base_in_boundary:
         assert built is not None and built.objects == 3 and not sent.exists()
         client = tmp_path / "client.git"

@@ -30,7 +30,7 @@ BaseReader = Callable[[bytes], Optional[tuple[int, bytes]]]
 @dataclass(frozen=True)
 class ThinIndex:
     entries: list[tuple[bytes, int, int]]   # (binary object id, offset, crc32), sorted by id
-    thin_bases: frozenset[bytes]            # the bases read from the repository
+    thin_bases: dict[bytes, set[bytes]]     # each base read from the repository -> the ids of its deltas
 
 
 def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
@@ -64,7 +64,7 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
     if pos != end:
         raise PackError("pack has bytes after its last entry")
 
-    external: set[bytes] = set()
+    external: dict[bytes, set[bytes]] = {}
     resolved: dict[int, tuple[int, bytes, bytes]] = {}     # offset -> (type, content, id)
     by_id: dict[bytes, int] = {}
 
@@ -91,16 +91,17 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
                     offset = by_id[base_oid]
                     continue
                 base = bases(base_oid)
-                external.add(base_oid)
                 if base is None:
                     raise PackError(f"thin base {base_oid.hex()} is not in the repository")
-                return _apply(chain, base[0], base[1], resolved, raw, by_id)
+                out = _apply(chain, base[0], base[1], resolved, raw, by_id)
+                external.setdefault(base_oid, set()).add(resolved[chain[-1]][2])
+                return out
         type_code, content, _ = resolved[offset]
         return _apply(chain, type_code, content, resolved, raw, by_id)
 
     for o in order:
         resolve(o)
-    return ThinIndex(sorted((resolved[o][2], o, raw[o][2]) for o in order), frozenset(external))
+    return ThinIndex(sorted((resolved[o][2], o, raw[o][2]) for o in order), external)
 
 
 def _object(type_code: int, content: bytes) -> tuple[int, bytes, bytes]:

@@ -459,7 +459,7 @@ class RefStore:
             return []
         values = db.refs_before(self.conn, todo[0])
         out = []
-        bases = None
+        objects = None
         for n, vid in enumerate(todo):
             if progress:
                 progress(n, len(todo), vid)
@@ -473,8 +473,8 @@ class RefStore:
             built, how = None, search
             sent = self._sent_pack(vid)
             if tips and sent is not None:
-                bases = bases or vp.repository_bases(self.gitdir)
-                built = vp.adopt(self.gitdir, self.env, tips, b.commits, sent, self.packs_dir, bases, search, guard)
+                objects = objects or vp.RepoObjects(self.gitdir)
+                built = vp.adopt(self.gitdir, self.env, tips, b, sent, self.packs_dir, objects, search, guard)
                 how = vp.DeltaSearch(window=0, depth=0, compression=-1) if built else search
             if tips and built is None:
                 built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard)
@@ -591,7 +591,10 @@ class RefStore:
             path = os.path.join(self.packs_dir, n)
             if n.startswith(vp.SCRATCH_PREFIX):
                 if not vp.scratch_owner_alive(n):
-                    shutil.rmtree(path, ignore_errors=True)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        _unlink(path)            # an adopted pack's index being written
                     out.append(path)
                 continue
             stem, ext = os.path.splitext(n)
