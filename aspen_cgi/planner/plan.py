@@ -288,8 +288,13 @@ class _Walk:
         return None
 
     def discharge(self) -> Optional[str]:
-        """Prove or hold every boundary commit of the versions on the work list."""
+        """Prove or hold every boundary commit of the versions on the work list.
+        UNPROVED as soon as the cost rule (unproved()) is certain to refuse the
+        plan: the client state only grows as the walk learns, so a holder no
+        newer than it now stays so (planning stopped there, not 70 ms later)."""
         while self.work:
+            if self.haves and 1 in self.needed:
+                return UNPROVED
             info = self.pack(self.work.pop())
             if info is None:
                 return "not-built"
@@ -300,6 +305,9 @@ class _Walk:
                     v = self.holder(c)
                     if v not in self.needed:
                         self.held_for.add(v)
+                        if self.haves and (v == 1 or v <= self.client_state()):
+                            self.needed.add(v)
+                            return UNPROVED
                     self.need(v)
         return None
 

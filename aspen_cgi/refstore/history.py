@@ -3,9 +3,10 @@ once per request, the haves in one query), ancestry, what each version
 introduced, its pack and boundary, which objects a stored pack holds, and
 what a full clone is spliced from.
 
-One StoreHistory serves one request: the tips it looked up and the pack
-indexes it loaded are kept, and `indexes` hands the loaded ones to the
-splice so no `.idx` is read twice."""
+One StoreHistory serves one request: the tips, ancestry answers, versions'
+packs and introducing versions it looked up and the pack indexes it loaded
+are kept (the proof and its exactness check ask the same questions), and
+`indexes` hands the loaded ones to the splice so no `.idx` is read twice."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class StoreHistory:
         self.store = store
         self._tips: dict[str, TipAnswer] = {}
         self.indexes: dict[str, object] = {}      # pack name -> PackIndex
+        self._ancestry: dict[tuple[str, int, int], AncestryAnswer] = {}
+        self._introduced: dict[str, list[int]] = {}
+        self._packs: dict[int, Optional[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {}
 
     def tips(self, commit: str) -> TipAnswer:
         got = self._tips.get(commit)
@@ -35,17 +39,27 @@ class StoreHistory:
         return {c: self._tips[c] for c in commits}
 
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer:
-        return self.store.is_ancestor(ref, j, k)
+        key = (ref, j, k)
+        got = self._ancestry.get(key)
+        if got is None:
+            got = self._ancestry[key] = self.store.is_ancestor(ref, j, k)
+        return got
 
     def introduced_by(self, commit: str) -> list[int]:
-        return self.store.introduced_by(commit)
+        got = self._introduced.get(commit)
+        if got is None:
+            got = self._introduced[commit] = self.store.introduced_by(commit)
+        return list(got)
 
     def pack_of(self, version: int) -> Optional[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+        if version in self._packs:
+            return self._packs[version]
         got = self.store.version_pack(version)
         if got is None:
-            return None
+            return None            # not built yet: asked again
         (name, _, _), boundary = got
-        return name, tuple(boundary), self.store.version_refs(version)
+        out = self._packs[version] = (name, tuple(boundary), self.store.version_refs(version))
+        return out
 
     def version_values(self, version: int) -> tuple[str, ...]:
         return self.store.version_values(version)
