@@ -177,23 +177,47 @@ def background_git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, 
                             stdin=subprocess.PIPE if input is not None else (stdin if stdin is not None
                                                                              else subprocess.DEVNULL),
                             stdout=stdout, stderr=subprocess.PIPE)
+    # Threads feed stdin and drain the pipes while this one polls CHECK: communicate() with a
+    # timeout cannot go on writing stdin after its first timeout (git then waited forever).
+    chunks: dict[str, bytes] = {}
+
+    def drain(name: str, stream: IO[bytes]) -> None:
+        try:
+            chunks[name] = stream.read()
+        except (OSError, ValueError):
+            chunks[name] = b""
+    threads = [threading.Thread(target=drain, args=("err", proc.stderr), daemon=True)]
+    if proc.stdout is not None:
+        threads.append(threading.Thread(target=drain, args=("out", proc.stdout), daemon=True))
+    if input is not None:
+        threads.append(threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True))
+    for t in threads:
+        t.start()
     try:
         while True:
             try:
-                out, err = proc.communicate(input, timeout=interval)
+                proc.wait(timeout=interval)
                 break
             except subprocess.TimeoutExpired:
-                input = None        # given once: communicate() goes on from where it was
                 if check is not None:
                     check()
     except BaseException:
         kill(proc)
         try:
-            proc.communicate(timeout=30)
-        except (subprocess.TimeoutExpired, OSError, ValueError):
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             pass
         raise
-    return Result(proc.returncode, out or b"", err or b"")
+    finally:
+        for t in threads:
+            t.join(timeout=30)
+        for f in (proc.stdout, proc.stderr):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+    return Result(proc.returncode, chunks.get("out", b""), chunks.get("err", b""))
 
 
 def detached(argv: Sequence[str], *, env: Mapping[str, str]) -> None:
