@@ -198,13 +198,15 @@ class Push:
         return res.error
 
     def _keep_sent(self, header: bytes):
-        """The client's pack, kept for its version's build when version packs are on."""
+        """The client's pack, kept for its version's build when version packs are on.
+        The store is not opened here: the push opens it where it may wait for it."""
         from .packs import background
         from .packs.sentpack import SentPack
-        store = self.ctx.refstore()
-        if store is None or not background.enabled(self.ctx.env):
+        from .refstore.store import packs_dir_of, sent_pack_path
+        packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.env) else None
+        if packs is None:
             return None
-        return SentPack.start(store.packs_dir, store.sent_pack_path(self.push_id), header)
+        return SentPack.start(packs, sent_pack_path(packs, self.push_id), header)
 
     def _qenv(self) -> dict:
         return self.quarantine.env(self.ctx.env) if self.quarantine else dict(self.ctx.env)

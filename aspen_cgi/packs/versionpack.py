@@ -157,21 +157,25 @@ def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Se
             guard.check()
             raise BuildError(res.stderr.decode("utf-8", "replace").strip())
         entries = _own_entries(fixed_idx, size - 20)
-        name = trailer.hex()
-        pack_path = os.path.join(outdir, f"pack-{name}.pack")
-        idx_path = os.path.join(outdir, f"pack-{name}.idx")
-        tmp_idx = os.path.join(scratch, "own.idx")
-        from dulwich.pack import write_pack_index_v2
-        guard.check()
-        with open(tmp_idx, "wb") as f:
-            write_pack_index_v2(f, entries, trailer)
-        guard.check()
-        os.replace(thin, pack_path)
-        guard.check()
-        os.replace(tmp_idx, idx_path)
-        return BuiltPack(name, pack_path, idx_path, len(entries), size)
+        return _install(thin, os.path.join(scratch, "own.idx"), entries, trailer, outdir, size, guard)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _install(pack: str, tmp_idx: str, entries, trailer: bytes, outdir: str, size: int, guard) -> BuiltPack:
+    """Write ENTRIES' index at TMP_IDX, then move PACK and it into OUTDIR under the trailer's name."""
+    from dulwich.pack import write_pack_index_v2
+    name = trailer.hex()
+    pack_path = os.path.join(outdir, f"pack-{name}.pack")
+    idx_path = os.path.join(outdir, f"pack-{name}.idx")
+    guard.check()
+    with open(tmp_idx, "wb") as f:
+        write_pack_index_v2(f, entries, trailer)
+    guard.check()
+    os.replace(pack, pack_path)
+    guard.check()
+    os.replace(tmp_idx, idx_path)
+    return BuiltPack(name, pack_path, idx_path, len(entries), size)
 
 
 ADOPT_MAX = 4 << 20      # bytes: larger client packs are built by pack-objects as before
@@ -224,25 +228,14 @@ def adopt(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Bo
     if not os.path.isdir(outdir):
         guard.mkdir(outdir)
     trailer = data[-20:]
-    name = trailer.hex()
-    pack_path = os.path.join(outdir, f"pack-{name}.pack")
-    idx_path = os.path.join(outdir, f"pack-{name}.idx")
-    from dulwich.pack import write_pack_index_v2
-    tmp_idx = os.path.join(outdir, f"{SCRATCH_PREFIX}{scratch_owner()}-{name}.idx")    # swept if we die
-    guard.check()
+    tmp_idx = os.path.join(outdir, f"{SCRATCH_PREFIX}{scratch_owner()}-{trailer.hex()}.idx")    # swept if we die
     try:
-        with open(tmp_idx, "wb") as f:
-            write_pack_index_v2(f, entries, trailer)
-        guard.check()
-        os.replace(sent, pack_path)
-        guard.check()
-        os.replace(tmp_idx, idx_path)
+        return _install(sent, tmp_idx, entries, trailer, outdir, len(data), guard)
     finally:
         try:
             os.unlink(tmp_idx)
         except OSError:
             pass
-    return BuiltPack(name, pack_path, idx_path, len(entries), len(data))
 
 
 class RepoObjects:

@@ -50,6 +50,20 @@ def _unlink(path: str) -> None:
         pass
 
 
+def sent_pack_path(packs_dir: str, push_id: str) -> str:
+    """Where a push keeps the pack its client sent (SENT_PREFIX + push id), for its version's build."""
+    return os.path.join(packs_dir, f"{SENT_PREFIX}{push_id}.pack")
+
+
+def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
+    """The packs directory of the repository's store, without opening the store
+    (a push must not open it before it may wait for it); None without a store."""
+    if (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0":
+        return None
+    sdir = state_dir(gitdir, env)
+    return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
+
+
 def state_dir(gitdir: str, env: Mapping[str, str]) -> str:
     base = env.get(STATE_DIR_ENV) or os.environ.get(STATE_DIR_ENV)
     if base:
@@ -497,17 +511,13 @@ class RefStore:
             progress(len(todo), len(todo), todo[-1])
         return out
 
-    def sent_pack_path(self, push_id: str) -> str:
-        """Where a push keeps the pack its client sent (SENT_PREFIX + push id), for its version's build."""
-        return os.path.join(self.packs_dir, f"{SENT_PREFIX}{push_id}.pack")
-
     def _sent_pack(self, version: int) -> Optional[str]:
         """The pack VERSION's push sent, if it kept one (adopt() checks that it holds
         exactly this version's objects: a push of several refs makes several versions)."""
         push_id = db.version_push_id(self.conn, version)
         if not push_id:
             return None
-        path = self.sent_pack_path(push_id)
+        path = sent_pack_path(self.packs_dir, push_id)
         return path if os.path.exists(path) else None
 
     def all_packs_built(self) -> bool:
