@@ -9,8 +9,8 @@ the client's next round brings more haves. Ancestors in a round mean the
 client is walking back, where more haves seldom prove more: git answers
 that round, saying `ready` when stock would (acknowledged here, v0 clients
 went on sending rounds: in random-fetch a planned v0 fetch exchanged 1.37x
-stock's bytes for the same pack). Every other request goes to git's own upload-pack as it came (exact stock
-semantics), the trace saying why.
+stock's bytes for the same pack). Every other request goes to git's own
+upload-pack as it came (exact stock semantics), the trace saying why.
 
 Each have's tips are looked up once per request, all haves in one query
 (the known-have check and the planner share them)."""
@@ -373,8 +373,11 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     from .planner.plan import UNPROVED, Fallback
     from .refstore.history import StoreHistory
     history = StoreHistory(store)
-    tips_only = all(t.tips for t in history.tips_many(req.haves).values())
-    known = tips_only or _haves_known(history, req.haves)
+    # haves that are no version's ref value must be commits a version introduced (ancestors
+    # a client walks back through) to be known common, as stock acknowledges them
+    unknown = [h for h, t in history.tips_many(req.haves).items() if not t.tips]
+    tips_only = not unknown
+    known = all(history.introduced_by(h) for h in unknown)
     if ctx.protocol_version != 2 and not known:
         return _fallback(ctx, "unknown-have")
     result = _plan(ctx, req, history)
@@ -428,14 +431,6 @@ def _v0_reason(req: FetchRequest) -> Optional[str]:
 def _fallback(ctx, why: str) -> None:
     ctx.trace.update(plan="fallback", why=why)
     return None
-
-
-def _haves_known(history, haves) -> bool:
-    """Every have is a commit the ref store knows (a version's ref value, or a
-    commit a version introduced: its ancestors a client walks back through),
-    so common: stock acknowledges each of them too."""
-    unknown = [h for h, t in history.tips_many(haves).items() if not t.tips]
-    return all(history.introduced_by(h) for h in unknown)
 
 
 def _acknowledgments(ctx, req: FetchRequest, why: str) -> Iterator[bytes]:

@@ -61,11 +61,11 @@ def test_thinindex_agrees_with_index_pack(tmp_path):
     h.git("push", "-q", "origin", "HEAD:refs/heads/grow", cwd=str(work))
     pack = h.git("pack-objects", "--revs", "--thin", "--stdout", "-q", "--delta-base-offset", cwd=str(repo),
                  input=f"{tip}\n^{base}\n".encode()).stdout
-    index = thinindex.index_thin(pack, versionpack.repository_bases(str(repo)))
+    index = thinindex.index_thin(pack, versionpack.RepoObjects(str(repo)).raw)
     assert [(oid.hex(), off) for oid, off, _ in sorted(index.entries)] == _git_index(repo, pack)
     assert index.thin_bases                                   # the file's version at the base is a thin base
     with pytest.raises(PackError):
-        thinindex.index_thin(pack[:-1] + bytes([pack[-1] ^ 1]), versionpack.repository_bases(str(repo)))
+        thinindex.index_thin(pack[:-1] + bytes([pack[-1] ^ 1]), versionpack.RepoObjects(str(repo)).raw)
 
 
 def _settled(store: RefStore, timeout: float = 60) -> None:
@@ -167,7 +167,7 @@ def test_a_delta_base_outside_the_boundarys_trees_is_not_adopted(base_in_boundar
     sent.write_bytes(pack)
     out = tmp_path / "packs"
     out.mkdir()
-    built = versionpack.adopt(str(repo), dict(os.environ), [c2], versionpack.Boundary((c2,), (c1,)), str(sent), str(out),
+    built = versionpack.adopt([c2], versionpack.Boundary((c2,), (c1,)), str(sent), str(out),
                               versionpack.RepoObjects(str(repo)))
     if base_in_boundary:
         assert built is not None and built.objects == 3 and not sent.exists()

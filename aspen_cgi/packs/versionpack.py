@@ -181,8 +181,10 @@ def _install(pack: str, tmp_idx: str, entries, trailer: bytes, outdir: str, size
 ADOPT_MAX = 4 << 20      # bytes: larger client packs are built by pack-objects as before
 
 
-def adopt(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Boundary, sent: str,
-          outdir: str, objects: "RepoObjects", search: DeltaSearch = DeltaSearch(),
+CLIENT_DELTAS = DeltaSearch(window=0, depth=0, compression=-1)    # recorded for an adopted pack: no search ran
+
+
+def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objects: "RepoObjects",
           guard=None) -> Optional[BuiltPack]:
     """Q_v without building it: the pack SENT (the thin pack the client pushed
     for this version, kept by the push) when it holds exactly the objects the
@@ -336,10 +338,6 @@ class RepoObjects:
         except (KeyError, OSError, ValueError):
             return None
 
-
-def repository_bases(gitdir: str):
-    """A thinindex.BaseReader over the repository's objects."""
-    return RepoObjects(gitdir).raw
 
 
 def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:

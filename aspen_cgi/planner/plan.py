@@ -35,12 +35,13 @@ lagging-clients workload: such plans carried 1.7x to 2.9x stock's bytes,
 most of them objects the client held. A want the rules prove in the
 client's closure is left out: the client has it through another ref, as
 stock finds by walking (measured in random-fetch: without this a plan
-resent two such versions whole, 2x stock's pack bytes). Likewise when
-a needed version introduced one of the haves that is no ref value (a v0 client walks back
-through its history, sending ancestors of its tips): that version's pack
-holds what the client has below the have. A later round with more haves may
-prove c (upload.py answers such a round's acknowledgments itself when every
-have is a commit the store knows); a `done` round goes to git, which walks the commits.
+resent two such versions whole, 2x stock's pack bytes). Likewise when a
+needed version introduced one of the haves that is no ref value (a v0
+client walks back through its history, sending ancestors of its tips): that
+version's pack holds what the client has below the have. A later round
+with more haves may prove c (upload.py answers such a round's
+acknowledgments itself when every have is a version tip); a `done` round
+goes to git, which walks the commits.
 
 include-tag (git's `pack-objects --include-tag`): an annotated tag under
 refs/tags whose peeled object is sent is sent too, with its tag chain. After
@@ -189,8 +190,7 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
         whole = _clone(req, history, count)
         if whole is not None:
             return whole
-    walk = _Walk(history, count, req.haves, widen=True)
-    walk.tag_objects = frozenset(tags or ()) | frozenset(tag_objects)
+    walk = _Walk(history, count, req.haves, widen=True, tag_objects=frozenset(tags or ()) | frozenset(tag_objects))
     why = (walk.want(req.wants) or walk.discharge() or walk.unproved()
            or _include_tags(req, tags or {}, walk) or walk.unproved()
            or (walk.invisible(visible) if visible is not None else None)
@@ -217,7 +217,8 @@ class _Walk:
     """The version walk: the versions needed, those whose boundaries are not
     discharged yet, and what is known of the client's closure."""
 
-    def __init__(self, history: History, count: _Count, haves: Sequence[str], widen: bool):
+    def __init__(self, history: History, count: _Count, haves: Sequence[str], widen: bool,
+                 tag_objects: frozenset[str] = frozenset()):
         self.history = history
         self.count = count
         self.haves = set(haves)
@@ -227,7 +228,7 @@ class _Walk:
         self.widened = False
         self.needed: set[int] = set()
         self.held_for: set[int] = set()               # versions needed only to hold an unproved boundary commit
-        self.tag_objects: frozenset[str] = frozenset()   # annotated tags: the rules speak of their commits only
+        self.tag_objects = tag_objects                # annotated tags: the rules speak of their commits only
         self.work: list[int] = []
         self.proved: dict[str, bool] = {}
         self.packs: dict[int, Optional[PackInfo]] = {}

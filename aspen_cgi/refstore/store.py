@@ -58,10 +58,14 @@ def sent_pack_path(packs_dir: str, push_id: str) -> str:
 def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
     """The packs directory of the repository's store, without opening the store
     (a push must not open it before it may wait for it); None without a store."""
-    if (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0":
+    if _disabled(env):
         return None
     sdir = state_dir(gitdir, env)
     return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
+
+
+def _disabled(env: Mapping[str, str]) -> bool:
+    return (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0"
 
 
 def state_dir(gitdir: str, env: Mapping[str, str]) -> str:
@@ -118,7 +122,7 @@ class RefStore:
     def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
         """The repository's store, or None when the store is turned off or
         cannot be kept here (read-only repository without ASPEN_STATE_DIR)."""
-        if (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0":
+        if _disabled(env):
             return None
         sdir = state_dir(gitdir, env)
         path = os.path.join(sdir, "aspen.sqlite3")
@@ -488,8 +492,8 @@ class RefStore:
             sent = self._sent_pack(vid)
             if tips and sent is not None:
                 objects = objects or vp.RepoObjects(self.gitdir)
-                built = vp.adopt(self.gitdir, self.env, tips, b, sent, self.packs_dir, objects, search, guard)
-                how = vp.DeltaSearch(window=0, depth=0, compression=-1) if built else search
+                built = vp.adopt(tips, b, sent, self.packs_dir, objects, guard)
+                how = vp.CLIENT_DELTAS if built else search
             if tips and built is None:
                 built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard)
             if sent is not None:
