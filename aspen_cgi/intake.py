@@ -258,9 +258,16 @@ class ConnectivityResult:
     # the commits the push makes reachable (not reachable from any ref), newest
     # first, each with its parents; None when not asked for
     commits: Optional[dict[str, tuple[str, ...]]] = None
+    # the other objects the walk listed, each with its path (its name for a tag);
+    # None when not asked for or past LISTING_MAX
+    objects: Optional[dict[str, str]] = None
+
+
+LISTING_MAX = 100_000     # objects: a larger push's listing is not kept (no adoptable pack is that large)
 
 
 _COMMIT_LINE = re.compile(rb"^[0-9a-f]{40}( [0-9a-f]{40})*$")
+_OBJECT_LINE = re.compile(rb"^([0-9a-f]{40})(?: (.*))?$", re.S)
 
 
 def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False,
@@ -268,7 +275,8 @@ def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress
     """check_connected(): every new tip's closure is in the repository plus
     quarantine (git 2.39 walks against --all, hidden refs included). With
     WITH_COMMITS the same walk also lists the new commits and their parents
-    (rev-list prints commits before any tree, blob or tag)."""
+    (rev-list prints commits before any tree, blob or tag), and the other new
+    objects with their paths."""
     if not oids:
         return ConnectivityResult(True, b"", {} if with_commits else None)
     args = ["rev-list", "--objects", "--stdin", "--not", "--all", "--alternate-refs"]
@@ -288,19 +296,27 @@ def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress
     except OSError:
         pass
     commits: dict[str, tuple[str, ...]] = {}
+    objects: Optional[dict[str, str]] = {}
     in_commits = True
     for line in proc.stdout:
-        if in_commits:
-            line = line.rstrip(b"\n")
-            if _COMMIT_LINE.match(line):
-                parts = line.decode().split(" ")
-                commits[parts[0]] = tuple(parts[1:])
+        line = line[:-1] if line.endswith(b"\n") else line
+        if in_commits and _COMMIT_LINE.match(line):
+            parts = line.decode().split(" ")
+            commits[parts[0]] = tuple(parts[1:])
+            continue
+        in_commits = False
+        if objects is not None:
+            m = _OBJECT_LINE.match(line)
+            if m is None or len(objects) >= LISTING_MAX:
+                objects = None          # a path with a newline, or too many: no listing
             else:
-                in_commits = False
+                objects[m.group(1).decode()] = (m.group(2) or b"").decode("utf-8", "surrogateescape")
     proc.stdout.close()
     rc = proc.wait()
     drain.join()
-    return ConnectivityResult(rc == 0, bytes(err), commits if rc == 0 else None)
+    if rc != 0:
+        return ConnectivityResult(False, bytes(err))
+    return ConnectivityResult(True, bytes(err), commits, objects)
 
 
 def fast_forward(commits: Mapping[str, Sequence[str]], old: str, new: str) -> Optional[bool]:

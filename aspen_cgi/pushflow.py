@@ -56,6 +56,7 @@ class Push:
         self.keep_file: Optional[str] = None
         self.sent = None       # packs.sentpack.SentPack
         self.new_commits: dict[str, tuple[str, ...]] = {}
+        self.new_objects: Optional[dict[str, str]] = None     # the connectivity walk's other objects and paths
         self.ff_known: dict[tuple[str, str], bool] = {}
         import uuid  # only pushes pay for it
         self.push_id = uuid.uuid4().hex
@@ -135,7 +136,7 @@ class Push:
         states = [CommandState(c) for c in req.commands]
         yield from self._execute(states, unpack_error, req.push_options)
         if self.sent is not None and any(s.error is None for s in states):
-            self.sent.keep()
+            self.sent.keep(self._listing(states))
             self.sent = None
         self._cleanup()
 
@@ -197,6 +198,14 @@ class Push:
         self.keep_file = res.keep
         return res.error
 
+    def _listing(self, states: list[CommandState]):
+        """What the connectivity walk found new, when the push was one ref's update:
+        then it is its version's N_v and objects (sentpack.Listing), for adopt()."""
+        from .packs.sentpack import Listing
+        if len(states) != 1 or states[0].cmd.is_delete or self.new_objects is None:
+            return None
+        return Listing((states[0].cmd.new,), self.new_commits, self.new_objects)
+
     def _keep_sent(self, header: bytes):
         """The client's pack, kept for its version's build when version packs are on.
         The store is not opened here: the push opens it where it may wait for it."""
@@ -256,6 +265,7 @@ class Push:
         yield self.msgs.frame(res.stderr)
         if res.ok:
             self.new_commits = res.commits or {}
+            self.new_objects = res.objects
             return
         for s in states:
             if s.cmd.is_delete:

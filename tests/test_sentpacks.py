@@ -178,3 +178,58 @@ def test_a_delta_base_outside_the_boundarys_trees_is_not_adopted(base_in_boundar
         h.fsck_strict(str(client))
     else:
         assert built is None and sent.exists()
+
+
+def test_a_listing_survives_its_file_and_a_damaged_one_is_none():
+    from aspen_cgi.packs.sentpack import Listing
+    a, b, c = "a" * 40, "b" * 40, "c" * 40
+    odd = b"dir with space/\xff\xfe.bin".decode("utf-8", "surrogateescape")
+    listing = Listing((a,), {a: (b, c), b: ()}, {c: "", "d" * 40: odd})
+    data = listing.encode()
+    assert Listing.decode(data) == listing
+    assert Listing.decode(data[:-1]) is None                        # cut short
+    assert Listing.decode(data.replace(b"t aaaa", b"t zzzz")) is None
+    assert Listing.decode(b"aspen-listing 2\n" + data.split(b"\n", 1)[1]) is None
+
+
+def test_the_push_walks_listing_is_its_versions_boundary_when_it_ends_at_ref_values(tmp_path):
+    """boundary_listed gives what boundary_of's rev-list gives when every
+    commit outside the listing is a ref value before the version, and None
+    otherwise; adopt() then takes the listed paths instead of reading trees."""
+    from aspen_cgi import intake
+    repo = tmp_path / "repo.git"
+    h.git("init", "-q", "--bare", str(repo))
+    work = tmp_path / "work"
+    h.git("clone", "-q", str(repo), str(work))
+    text = "".join(f"line {j}\n" for j in range(300))
+    (work / "d").mkdir()
+    c1 = _commit(work, "d/f.txt", text)
+    c2 = _commit(work, "d/f.txt", text + "two\n")
+    h.git("push", "-q", "origin", f"{c2}:refs/heads/main", cwd=str(work))
+    c3 = _commit(work, "d/f.txt", text + "two\nthree\n")
+    c4 = _commit(work, "e.txt", "e\n")
+    pack = h.git("pack-objects", "--revs", "--thin", "--stdout", "-q", "--delta-base-offset", cwd=str(work),
+                 input=f"{c4}\n^{c2}\n".encode()).stdout
+    h.git("index-pack", "--stdin", "--fix-thin", cwd=str(repo), input=pack)
+    env = dict(os.environ)
+    walk = intake.connected(str(repo), env, [c4], with_commits=True)
+    assert walk.ok and set(walk.commits) == {c3, c4} and walk.objects
+    from aspen_cgi.packs.sentpack import Listing
+    listing = Listing((c4,), walk.commits, walk.objects)
+    listed = versionpack.boundary_listed(listing, [c4], [c4], {c2})
+    assert listed == versionpack.boundary_of(str(repo), env, [c4], [c4], [c2])
+    assert sorted(listed.introduced) == sorted([c3, c4]) and listed.commits == (c2,)
+    assert versionpack.boundary_listed(listing, [c4], [c4], {c1}) is None     # c2 is no ref value there
+    assert versionpack.boundary_listed(listing, [c3], [c3], {c2}) is None     # another version's tips
+    sent = tmp_path / "sent.pack"
+    sent.write_bytes(pack)
+    out = tmp_path / "packs"
+    out.mkdir()
+    built = versionpack.adopt([c4], listed, str(sent), str(out), versionpack.RepoObjects(str(repo)),
+                              listed=listing.objects)
+    assert built is not None and built.objects == len(walk.commits) + len(walk.objects)
+    client = tmp_path / "client.git"
+    h.git("clone", "-q", "--bare", str(repo), str(client))
+    h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=Path(built.pack).read_bytes())
+    h.git("update-ref", "refs/heads/main", c4, cwd=str(client))
+    h.fsck_strict(str(client))

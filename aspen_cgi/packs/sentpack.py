@@ -3,14 +3,76 @@
 instead of building one (versionpack.adopt). Written as the push streams
 in, renamed into place once a ref update of the push landed, removed
 otherwise; never larger than versionpack.ADOPT_MAX (a larger one is dropped
-as soon as it grows past it: its version is built by pack-objects)."""
+as soon as it grows past it: its version is built by pack-objects).
+
+Beside it, for a push of one ref, the listing of its connectivity walk
+(sent-<push id>.list): the new commits with their parents and the other new
+objects with their paths, which saves the build its own walks."""
 
 from __future__ import annotations
 
 import os
-from typing import IO, Optional
+import re
+from dataclasses import dataclass
+from typing import IO, Mapping, Optional
 
 from .versionpack import ADOPT_MAX
+
+
+LISTING_MAGIC = b"aspen-listing 1\n"
+_HEX = re.compile(rb"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """`rev-list --objects --parents TIPS --not --all` as a push's connectivity
+    check ran it: the commits it found new, each with its parents, and every
+    other object with its path."""
+    tips: tuple[str, ...]
+    commits: Mapping[str, tuple[str, ...]]
+    objects: Mapping[str, str]
+
+    def encode(self) -> bytes:
+        out = [LISTING_MAGIC]
+        out += [b"t %s\n" % t.encode() for t in self.tips]
+        out += [b"c %s\n" % " ".join((c,) + ps).encode() for c, ps in self.commits.items()]
+        out += [b"o %s %s\n" % (o.encode(), p.encode("utf-8", "surrogateescape")) for o, p in self.objects.items()]
+        return b"".join(out)
+
+    @classmethod
+    def decode(cls, data: bytes) -> Optional["Listing"]:
+        if not data.startswith(LISTING_MAGIC) or not data.endswith(b"\n"):
+            return None
+        tips, commits, objects = [], {}, {}
+        for line in data[len(LISTING_MAGIC):-1].split(b"\n"):
+            kind, rest = line[:2], line[2:]
+            if kind == b"o ":
+                oid, path = rest[:40], rest[41:]
+                if not _HEX.match(oid) or rest[40:41] != b" ":
+                    return None
+                objects[oid.decode()] = path.decode("utf-8", "surrogateescape")
+                continue
+            ids = rest.split(b" ")
+            if kind not in (b"t ", b"c ") or not all(_HEX.match(i) for i in ids):
+                return None
+            if kind == b"t ":
+                tips.append(ids[0].decode())
+            else:
+                commits[ids[0].decode()] = tuple(i.decode() for i in ids[1:])
+        return cls(tuple(tips), commits, objects)
+
+
+def listing_path(pack: str) -> str:
+    return pack[:-len(".pack")] + ".list"
+
+
+def read_listing(pack: str) -> Optional[Listing]:
+    """The listing kept beside the sent pack PACK, or None."""
+    try:
+        with open(listing_path(pack), "rb") as f:
+            return Listing.decode(f.read())
+    except OSError:
+        return None
 
 
 class SentPack:
@@ -49,12 +111,18 @@ class SentPack:
         except OSError:
             self.discard()
 
-    def keep(self) -> None:
-        """The push landed: the pack goes where its version's build looks."""
+    def keep(self, listing: Optional[Listing] = None) -> None:
+        """The push landed: the pack goes where its version's build looks, with
+        its LISTING first when there is one."""
         if self.f is None:
             return
         try:
             self.f.close()
+            if listing is not None:
+                tmp = self.tmp + "-list"
+                with open(tmp, "wb") as f:
+                    f.write(listing.encode())
+                os.replace(tmp, listing_path(self.final))
             os.replace(self.tmp, self.final)
         except OSError:
             self.discard()

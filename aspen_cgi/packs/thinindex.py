@@ -31,6 +31,7 @@ BaseReader = Callable[[bytes], Optional[tuple[int, bytes]]]
 class ThinIndex:
     entries: list[tuple[bytes, int, int]]   # (binary object id, offset, crc32), sorted by id
     thin_bases: dict[bytes, set[bytes]]     # each base read from the repository -> the ids of its deltas
+    known: dict[bytes, tuple[int, bytes]]   # the pack's commits and trees: id -> (type, content)
 
 
 def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
@@ -101,7 +102,8 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
 
     for o in order:
         resolve(o)
-    return ThinIndex(sorted((resolved[o][2], o, raw[o][2]) for o in order), external)
+    known = {oid: (t, content) for t, content, oid in resolved.values() if t in (OBJ_COMMIT, OBJ_TREE)}
+    return ThinIndex(sorted((resolved[o][2], o, raw[o][2]) for o in order), external, known)
 
 
 def _object(type_code: int, content: bytes) -> tuple[int, bytes, bytes]:

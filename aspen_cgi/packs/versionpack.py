@@ -24,7 +24,7 @@ import stat
 import socket
 import tempfile
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Collection, Mapping, Optional, Sequence
 
 from .. import gitexec
 from ..refstore.owners import owner_alive, owner_id
@@ -126,6 +126,26 @@ def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled
     return Boundary(tuple(parents), tuple(sorted(outside)))
 
 
+def boundary_listed(listing, tips: Sequence[str], peeled: Sequence[str], before: Collection[str]) -> Optional[Boundary]:
+    """N_v and B_v from the push's own connectivity walk (sentpack.Listing),
+    when that is sure to be them: the listing is of exactly TIPS, and every
+    commit outside it that its commits' parents or PEELED name is one of the
+    ref values BEFORE the version. Then closure(TIPS) lies in the listed
+    commits and closure(BEFORE), so they hold all of N_v; the walk excluded
+    what --all reached, so no listed commit is in closure(BEFORE) either
+    unless a ref moved between the walk and the version (git's own, or
+    another push's: then the listing holds more, never less). None sends
+    the build to boundary_of."""
+    if listing is None or sorted(listing.tips) != sorted(tips):
+        return None
+    commits = listing.commits
+    outside = {p for ps in commits.values() for p in ps if p not in commits}
+    outside.update(p for p in peeled if p not in commits)
+    if not outside <= set(before):
+        return None
+    return Boundary(tuple(commits), tuple(sorted(outside)))
+
+
 def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
           search: DeltaSearch = DeltaSearch(), guard=None) -> BuiltPack:
     """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx.
@@ -185,7 +205,7 @@ CLIENT_DELTAS = DeltaSearch(window=0, depth=0, compression=-1)    # recorded for
 
 
 def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objects: "RepoObjects",
-          guard=None) -> Optional[BuiltPack]:
+          guard=None, listed: Optional[Mapping[str, str]] = None) -> Optional[BuiltPack]:
     """Q_v without building it: the pack SENT (the thin pack the client pushed
     for this version, kept by the push) when it holds exactly the objects the
     version's commits introduced, path by path against their parents (what
@@ -197,7 +217,9 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
     `build`. The deltas are the client's; segment packs search wider later.
     No git runs: listing the objects with `rev-list --objects` cost 10.75 ms
     on the medium preset (it walks the boundary's whole tree), pack-objects
-    and index-pack 10 ms."""
+    and index-pack 10 ms. LISTED: the objects other than commits with their
+    paths, as the push's connectivity walk listed them (boundary_listed):
+    then the trees are not read here."""
     introduced, boundary = boundary.introduced, boundary.commits
     guard = guard or _Unguarded()
     from . import thinindex
@@ -209,7 +231,11 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
             data = f.read()
     except OSError:
         return None
-    paths = objects.introduced_objects(introduced, tips)
+    if listed is not None:
+        paths: Optional[dict[str, Optional[str]]] = dict.fromkeys(introduced)
+        paths.update(listed)
+    else:
+        paths = objects.introduced_objects(introduced, tips)
     if paths is None:
         return None
     try:
@@ -217,6 +243,7 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
     except PackError:
         return None
     entries = index.entries
+    objects.remember(index.known)
     if {oid.hex() for oid, _, _ in entries} != set(paths):
         return None
     # A client served Q_v holds closure(B_v): a delta's base must be the object at its path in a
@@ -247,8 +274,9 @@ class RepoObjects:
     repository and process (the KEEP latest), and opened again when
     objects/pack changes (gc)."""
 
-    _open: dict[str, tuple[float, object]] = {}
+    _open: dict[str, tuple[float, object, dict]] = {}
     KEEP = 16             # repositories whose stores stay open
+    PARSED = 4096         # commits and trees kept parsed per repository (the next push's boundary)
 
     def __init__(self, gitdir: str):
         from dulwich.object_store import DiskObjectStore
@@ -261,8 +289,36 @@ class RepoObjects:
         if known is None or known[0] != stamp:
             while len(RepoObjects._open) >= RepoObjects.KEEP:
                 RepoObjects._open.pop(next(iter(RepoObjects._open)), None)
-            known = RepoObjects._open[objects] = (stamp, DiskObjectStore(objects))
+            known = RepoObjects._open[objects] = (stamp, DiskObjectStore(objects), {})
         self.store = known[1]
+        self.parsed: dict[bytes, object] = known[2]      # hex id -> dulwich Commit or Tree
+
+    def obj(self, oid: bytes):
+        """The commit or tree (any object) with hex id OID, parsed; KeyError when missing."""
+        got = self.parsed.get(oid)
+        if got is None:
+            got = self.store[oid]
+            if got.type_num in (1, 2):
+                self._keep(oid, got)
+        return got
+
+    def _keep(self, oid: bytes, obj) -> None:
+        if len(self.parsed) >= self.PARSED:
+            for k in list(self.parsed)[:self.PARSED // 4]:
+                del self.parsed[k]
+        self.parsed[oid] = obj
+
+    def remember(self, known: Mapping[bytes, tuple[int, bytes]]) -> None:
+        """Commits and trees just read from a pack (binary id -> (type, content)):
+        the next version's boundary is often this one's commit."""
+        from dulwich.objects import Commit, Tree
+        for oid, (type_code, content) in known.items():
+            cls = Commit if type_code == 1 else Tree if type_code == 2 else None
+            if cls is not None:
+                try:
+                    self._keep(oid.hex().encode(), cls.from_raw_string(cls.type_num, content))
+                except (ValueError, KeyError):     # dulwich's parse errors
+                    pass
 
     def raw(self, oid: bytes) -> Optional[tuple[int, bytes]]:
         """(type, content) of the object with binary id OID, None when missing."""
@@ -284,18 +340,18 @@ class RepoObjects:
         out: dict[str, Optional[str]] = {}
         try:
             for c in introduced:
-                commit = self.store[c.encode()]
+                commit = self.obj(c.encode())
                 if not isinstance(commit, Commit):
                     return None
                 out[c] = None
-                parents = [self.store[p].tree for p in commit.parents]
+                parents = [self.obj(p).tree for p in commit.parents]
                 self._changed(commit.tree, parents, "", out)
             for t in tips:
-                obj = self.store[t.encode()]
+                obj = self.obj(t.encode())
                 while isinstance(obj, Tag):
                     out[obj.id.decode()] = None
                     kind, target = obj.object
-                    obj = self.store[target]
+                    obj = self.obj(target)
                 if not isinstance(obj, Commit):
                     return None
         except (KeyError, OSError, ValueError):
@@ -306,8 +362,8 @@ class RepoObjects:
         if tree in parents:
             return
         out.setdefault(tree.decode(), path)
-        entries = self.store[tree]
-        olds = [self.store[p] for p in parents]
+        entries = self.obj(tree)
+        olds = [self.obj(p) for p in parents]
         for entry in entries.iteritems():
             if stat.S_IFMT(entry.mode) == 0o160000:
                 continue                       # a submodule's commit is no object of this repository
@@ -325,12 +381,12 @@ class RepoObjects:
         """The binary id of the object at PATH ("" for the root tree) in COMMIT's tree."""
         from dulwich.objects import Commit, Tree
         try:
-            obj = self.store[commit.encode()]
+            obj = self.obj(commit.encode())
             if not isinstance(obj, Commit):
                 return None
             oid = obj.tree
             for part in path.split("/") if path else ():
-                tree = self.store[oid]
+                tree = self.obj(oid)
                 if not isinstance(tree, Tree):
                     return None
                 oid = tree[part.encode("utf-8", "surrogateescape")][1]

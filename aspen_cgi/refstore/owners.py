@@ -38,9 +38,17 @@ def _start_time(pid: int) -> Optional[str]:
         return None
 
 
+_own: dict[int, str] = {}     # pid -> its id (a forked child has its own pid)
+
+
 def owner_id() -> str:
     pid = os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid) or '-'}"
+    got = _own.get(pid)
+    if got is None:
+        got = f"{socket.gethostname()}:{pid}:{_start_time(pid) or '-'}"
+        if not got.endswith(":-"):
+            _own[pid] = got
+    return got
 
 
 def owner_alive(owner: Optional[str]) -> bool:

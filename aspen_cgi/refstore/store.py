@@ -471,6 +471,7 @@ class RefStore:
         import version's is the whole repository). PROGRESS(done, total, version).
         GUARD (repoguard.RepoGuard) stops the build when the repository goes."""
         from ..packs import versionpack as vp
+        from ..packs.sentpack import listing_path, read_listing
         search = search or vp.DeltaSearch()
         todo = db.versions_without_pack(self.conn, limit or (1 << 62))
         if not todo:
@@ -487,17 +488,24 @@ class RefStore:
                       if new != ZERO and t in (None, "commit", "tag")]
             if guard is not None:
                 guard.check()
-            b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(set(values.values())), search, guard)
-            built, how = None, search
             sent = self._sent_pack(vid)
+            listing = read_listing(sent) if sent is not None else None
+            before = set(values.values())
+            b = vp.boundary_listed(listing, tips, peeled, before)
+            if b is None:
+                listing = None
+                b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(before), search, guard)
+            built, how = None, search
             if tips and sent is not None:
                 objects = objects or vp.RepoObjects(self.gitdir)
-                built = vp.adopt(tips, b, sent, self.packs_dir, objects, guard)
+                built = vp.adopt(tips, b, sent, self.packs_dir, objects, guard,
+                                 listing.objects if listing is not None else None)
                 how = vp.CLIENT_DELTAS if built else search
             if tips and built is None:
                 built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard)
             if sent is not None:
                 _unlink(sent)
+                _unlink(listing_path(sent))
             def record(conn: db.Conn, vid=vid, built=built, b=b, how=how) -> None:
                 db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
                 db.insert_introduced(conn, vid, b.introduced)
@@ -612,7 +620,7 @@ class RefStore:
                     out.append(path)
                 continue
             stem, ext = os.path.splitext(n)
-            sent = stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp")    # a push's, never built from
+            sent = stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp", ".list", ".tmp-list")  # a push's, never built from
             if not sent and (not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used):
                 continue
             try:
