@@ -390,6 +390,9 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     splice = _prepare(ctx, store, result, history.indexes)
     if splice is None:
         return None
+    splice, result = _span(ctx, store, history, result, splice)
+    if splice is None:
+        return None
     ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
     from . import responder
     if ctx.protocol_version == 2:
@@ -483,6 +486,33 @@ def _annotated_tags(ctx, snap: RefSnapshot) -> dict[str, str]:
     if snap.namespace_prefix:
         snap = ctx.snapshot(None)
     return {r.oid: r.peeled for r in snap.refs if r.peeled and r.name.startswith("refs/tags/")}
+
+
+def _span(ctx, store, history, result, splice):
+    """The plan's splice, or one span pack over the same objects when that is
+    smaller (packs/spanpack.py): (splice, plan) to send; (None, plan) when a
+    pack became unusable meanwhile (git answers)."""
+    from dataclasses import replace
+    from .packs import spanpack
+    if not spanpack.worth(result.thin, result.packs, splice.size):
+        return splice, result
+    k = spanpack.key(result.packs)
+    name = spanpack.recorded(store.packs_dir, k)
+    if name is None:
+        values = [x for v in result.versions for x in history.version_values(v)]
+        built = spanpack.make(ctx.gitdir, ctx.env, store.packs_dir, values, result.held)
+        name = built.name if built is not None and built.size < splice.size else spanpack.SPLICE
+        if built is not None:
+            spanpack.record(store.packs_dir, k, name)
+        ctx.trace["span"] = "built" if name != spanpack.SPLICE else "spliced"
+    else:
+        ctx.trace["span"] = "kept" if name != spanpack.SPLICE else "spliced"
+    if name == spanpack.SPLICE:
+        return splice, result
+    splice.close()
+    one = replace(result, versions=(result.versions[-1],), packs=(name,), thin=(True,),
+                  firsts=(result.firsts[0] if result.firsts else result.versions[0],))
+    return _prepare(ctx, store, one), one
 
 
 def _prepare(ctx, store, result, indexes=None):

@@ -124,6 +124,7 @@ class Plan:
     thin: tuple[bool, ...] = ()
     firsts: tuple[int, ...] = ()
     lookups: int = 0
+    held: tuple[str, ...] = ()         # boundary commits proved in the client's closure
 
     @property
     def spans(self) -> tuple[tuple[int, int], ...]:
@@ -409,7 +410,8 @@ class _Walk:
         packs = tuple((self.pack(v) or ("",))[0] for v in order)
         c = self.count
         return Plan(order, packs, len(c.versions), len(c.segments), tuple(c.proofs),
-                    tuple(v != 1 for v in order), order, c.lookups)
+                    tuple(v != 1 for v in order), order, c.lookups,
+                    tuple(sorted(x for x, ok in self.proved.items() if ok)))
 
 
 def _include_tags(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[str]:

@@ -601,7 +601,7 @@ class RefStore:
         row names and packs pushes kept that no build took (untouched for
         MIN_AGE seconds), and scratch directories of processes that are gone.
         The paths removed."""
-        from ..packs import versionpack as vp
+        from ..packs import spanpack, versionpack as vp
         try:
             names = os.listdir(self.packs_dir)
         except OSError:
@@ -620,7 +620,8 @@ class RefStore:
                     out.append(path)
                 continue
             stem, ext = os.path.splitext(n)
-            sent = stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp", ".list", ".tmp-list")  # a push's, never built from
+            sent = (stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp", ".list", ".tmp-list")  # a push's, never built from
+                    or n.startswith(spanpack.PREFIX))                   # which span pack answers a plan
             if not sent and (not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used):
                 continue
             try:

@@ -5,6 +5,7 @@ history of K trunk pushes, once version packs are built) and
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from .. import gitclient, stats
@@ -21,8 +22,15 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror:
     """REPS clones per target, targets alternating: median wall and wire bytes; the
     plan trace (Aspen targets); with CPU the server tree's CPU per clone
     (`server_cpu_s`, median); with VERIFY the last clone of each target is checked
-    (`git fsck --strict`, refs equal to the server's). EXTRA: target -> more metrics."""
+    (`git fsck --strict`, refs equal to the server's). EXTRA: target -> more metrics.
+    The first clone of each target is also reported alone (`wall_first_ms`,
+    `pack_bytes_first`, `bytes_first`) beside the median of the later ones
+    (`wall_later_ms`, `pack_bytes_later`, `bytes_later`): a server may answer
+    the first from git and the later ones from what it built meanwhile.
+    Params settle (seconds, default 0) waits that long after the first round
+    of clones."""
     reps = int(ctx.param("reps", 5, quick=2))
+    settle = float(ctx.param("settle", 0))
     walls = {t.name: [] for t in ctx.targets}
     wires = {t.name: [] for t in ctx.targets}
     cpus = {t.name: [] for t in ctx.targets}
@@ -30,6 +38,7 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror:
     fails = {t.name: 0 for t in ctx.targets}
     errors = {t.name: "" for t in ctx.targets}
     verified: dict[str, bool] = {}
+    firsts: dict[str, list[bool]] = {t.name: [] for t in ctx.targets}   # per successful clone: the first?
     total = reps * len(ctx.targets)
     for rep in range(reps):
         for t in ordered(ctx, rep):
@@ -55,6 +64,11 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror:
                 errors[t.name] = r.stderr_tail[-300:]
             rmtree(dest)
             report(ctx, rep * len(ctx.targets) + ctx.targets.index(t) + 1, total, f"{name} {t.name}")
+            if r.ok:
+                firsts[t.name].append(rep == 0)
+        if rep == 0 and settle > 0 and reps > 1:
+            report(ctx, 0, None, f"{name}: settling {settle:g} s")
+            time.sleep(settle)
     out = []
     for t in ctx.targets:
         m = {"reps": reps, "failures": fails[t.name]}
@@ -64,12 +78,27 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror:
             m[key] = stats.median([x[key] for x in wires[t.name]])
         if cpus[t.name]:
             m["server_cpu_s"] = stats.median(cpus[t.name])
+        m.update(_first_and_later(walls[t.name], wires[t.name], firsts[t.name]))
         if verify:
             m["verified"] = verified.get(t.name, False)
         m.update(plans[t.name].summary())
         m.update((extra or {}).get(t.name, {}))
         out.append(Measurement(name, t.name, dict(params if params is not None else {"depth": depth or 0}), m,
                                walls[t.name], errors[t.name]))
+    return out
+
+
+def _first_and_later(walls: list, wires: list, firsts: list[bool]) -> dict:
+    out: dict = {}
+    for label, pick in (("first", True), ("later", False)):
+        idx = [i for i, f in enumerate(firsts) if f is pick]
+        if not idx:
+            continue
+        out[f"wall_{label}_ms"] = stats.median([walls[i] for i in idx])
+        for key in ("pack_bytes", "bytes"):
+            vals = [wires[i][key] for i in idx if key in wires[i]]
+            if vals:
+                out[f"{key}_{label}"] = stats.median(vals)
     return out
 
 
