@@ -9,11 +9,6 @@ new trailer; nothing is inflated or deflated).
   without haves) and the pack; at a flush `ACK <last> ready`, `NAK`, and
   with no-done `ACK <last>` and the pack, else nothing more (the client says
   `done` next).
-- A round without `done` that is not proved yet but whose haves are all
-  known (common): the acknowledgments alone, as stock answers a round it
-  cannot end -- v2 `acknowledgments`, `ACK <have>` each (`NAK` without
-  haves), flush; v0 `ACK <have> common` each, `NAK`. The client sends its
-  next round.
 
 The pack goes on band 1 (side-band-64k: 65515 data bytes a packet;
 side-band: 995) after one progress line on band 2, ending with a flush as
@@ -54,17 +49,6 @@ def v2_packfile(splice: SplicePlan, plan: Plan, progress: bool, ready: bool = Fa
     yield pktline.encode(b"packfile\n")
     yield from _banded_pack(splice, plan, BAND_DATA, progress)
     yield pktline.FLUSH
-
-
-def v2_acknowledgments(haves: Sequence[str]) -> bytes:
-    """A v2 round that does not end the negotiation: every have is common."""
-    lines = [f"ACK {h}\n" for h in haves] or ["NAK\n"]
-    return pktline.encode(b"acknowledgments\n") + b"".join(pktline.encode(x.encode()) for x in lines) + pktline.FLUSH
-
-
-def v0_common(haves: Sequence[str]) -> bytes:
-    """A stateless v0 round (multi_ack_detailed) that does not end the negotiation: every have is common."""
-    return b"".join(pktline.encode(x.encode()) for x in [f"ACK {h} common\n" for h in haves] + ["NAK\n"])
 
 
 def v0_acks(common: Sequence[str], done: bool, no_done: bool) -> tuple[bytes, bool]:

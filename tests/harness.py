@@ -344,3 +344,17 @@ def versions(repo: Path) -> list[dict]:
     assert p.returncode == 0, p.stderr.decode()
     return sorted((json.loads(line) for line in p.stdout.decode().splitlines() if line.strip()),
                   key=lambda v: v["id"])
+
+
+def wait_packs_built(repo: Path, timeout: float = 120) -> None:
+    """Wait until every version of REPO has its pack. A fetch right after a
+    push waits for its build only ASPEN_BUILD_WAIT_MS (then git answers,
+    why=not-built), and under load another build may hold the machine's
+    build slot longer: a test that expects a plan waits for this first."""
+    from aspen_cgi.refstore.store import RefStore
+    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    deadline = time.monotonic() + timeout
+    while not store.all_packs_built():
+        assert time.monotonic() < deadline, f"version packs of {repo} not built in {timeout} s"
+        time.sleep(0.05)
+        store.sync()

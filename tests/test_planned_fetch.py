@@ -198,6 +198,7 @@ def test_hidden_refs_objects_never_sent_from_stored_packs(root, server_factory, 
     (work / "visible.txt").write_text("visible\n")
     pk.commit(work, "visible")
     h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    h.wait_packs_built(repo)
     h.git("-c", "protocol.version=2", "fetch", "-q", "origin", cwd=str(a))
     assert "plan=planned" in _plans(server)[-1]
     h.fsck_strict(str(a))

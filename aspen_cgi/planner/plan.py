@@ -38,10 +38,9 @@ stock finds by walking (measured in random-fetch: without this a plan
 resent two such versions whole, 2x stock's pack bytes). Likewise when a
 needed version introduced one of the haves that is no ref value (a v0
 client walks back through its history, sending ancestors of its tips): that
-version's pack holds what the client has below the have. A later round
-with more haves may prove c (upload.py answers such a round's
-acknowledgments itself when every have is a version tip); a `done` round
-goes to git, which walks the commits.
+version's pack holds what the client has below the have. Such a round
+goes to git, which walks the commits; a later round of the same
+negotiation, with more haves, may be proved.
 
 include-tag (git's `pack-objects --include-tag`): an annotated tag under
 refs/tags whose peeled object is sent is sent too, with its tag chain. After
