@@ -200,9 +200,13 @@ class Push:
 
     def _listing(self, states: list[CommandState]):
         """What the connectivity walk found new, when the push was one ref's update:
-        then it is its version's N_v and objects (sentpack.Listing), for adopt()."""
+        then it is its version's N_v and objects (sentpack.Listing), for adopt().
+        Not with alternates: the walk left out what their refs reach, which no
+        version of this repository holds."""
         from .packs.sentpack import Listing
         if len(states) != 1 or states[0].cmd.is_delete or self.new_objects is None:
+            return None
+        if os.path.exists(os.path.join(self.gitdir, "objects", "info", "alternates")):
             return None
         return Listing((states[0].cmd.new,), self.new_commits, self.new_objects)
 
