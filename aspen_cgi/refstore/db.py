@@ -293,6 +293,12 @@ def version_push_id(conn: Conn, version: int) -> Optional[str]:
     return row[0] if row else None
 
 
+def first_version_at(conn: Conn) -> float:
+    """When the store's first version was committed (0 without versions)."""
+    row = conn.execute("SELECT at FROM versions ORDER BY id LIMIT 1").fetchone()
+    return float(row[0]) if row else 0.0
+
+
 def latest_version_at(conn: Conn) -> float:
     """When the latest version was committed (0 without versions)."""
     row = conn.execute("SELECT at FROM versions ORDER BY id DESC LIMIT 1").fetchone()

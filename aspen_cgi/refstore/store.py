@@ -691,6 +691,11 @@ class RefStore:
     def latest(self) -> int:
         return db.latest_version(self.conn)
 
+    def identity(self) -> tuple[str, float]:
+        """This store among all a path ever held: its file and its first version's time."""
+        with db.reading(self.conn) as conn:
+            return self.path, db.first_version_at(conn)
+
     def latest_at(self) -> float:
         """The wall-clock time the latest version was committed."""
         with db.reading(self.conn) as conn:
