@@ -1,12 +1,23 @@
-"""A small bounded LRU of computed response bytes, for answers that depend
-only on a ref snapshot and settings: advertisements and ls-refs repeat
-identically between pushes, so a long-lived process computes each once."""
+"""Bounded in-process memories: `Memo`, a small LRU of computed response
+bytes, for answers that depend only on a ref snapshot and settings
+(advertisements and ls-refs repeat identically between pushes, so a
+long-lived process computes each once); `put_bounded`, for dicts of facts
+that never change (a built version's pack, a parsed tree)."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable
+from typing import Callable, Hashable, MutableMapping
+
+
+def put_bounded(items: MutableMapping, key: Hashable, value: object, maxsize: int) -> None:
+    """ITEMS[KEY] = VALUE, first forgetting the oldest quarter of ITEMS when it
+    holds MAXSIZE entries (threads may share ITEMS: a key another removed is skipped)."""
+    if len(items) >= maxsize:
+        for k in list(items)[:max(1, maxsize // 4)]:
+            items.pop(k, None)
+    items[key] = value
 
 
 class Memo:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Collection, Mapping, Optional, Sequence
 
 from .. import gitexec
+from ..memo import put_bounded
 from ..refstore.owners import owner_alive, owner_id
 
 
@@ -303,10 +304,7 @@ class RepoObjects:
         return got
 
     def _keep(self, oid: bytes, obj) -> None:
-        if len(self.parsed) >= self.PARSED:
-            for k in list(self.parsed)[:self.PARSED // 4]:
-                del self.parsed[k]
-        self.parsed[oid] = obj
+        put_bounded(self.parsed, oid, obj, self.PARSED)
 
     def remember(self, known: Mapping[bytes, tuple[int, bytes]]) -> None:
         """Commits and trees just read from a pack (binary id -> (type, content)):

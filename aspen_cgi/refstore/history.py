@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Collection, Optional, Sequence
 
+from ..memo import put_bounded
 from .model import AncestryAnswer, CloneView, TipAnswer
 from .store import RefStore
 
@@ -27,10 +28,7 @@ SHARED_MAX = 100_000
 
 
 def _share(key: tuple, value: object) -> None:
-    if len(SHARED) >= SHARED_MAX:
-        for k in list(SHARED)[:SHARED_MAX // 4]:
-            del SHARED[k]
-    SHARED[key] = value
+    put_bounded(SHARED, key, value, SHARED_MAX)
 
 
 class StoreHistory:
