@@ -107,6 +107,8 @@ def test_full_clone_is_the_whole_history_from_the_import_pack_up(root, server, t
 
 def test_what_cannot_be_proved_falls_back(root, server, tmp_path):
     repo = pk.enable_push(root / "repo.git")
+    side = h.git("commit-tree", "-m", "no parent", "main^{tree}", cwd=str(repo)).stdout.decode().strip()
+    h.git("update-ref", "refs/heads/side", side, cwd=str(repo))     # a branch main does not reach
     store = _store(repo)
     refs = h.refs_of(str(repo))
     main = refs["refs/heads/main"]
@@ -123,7 +125,7 @@ def test_what_cannot_be_proved_falls_back(root, server, tmp_path):
     assert plan(FetchRequest(version=0, wants=[main], capabilities=["thin-pack"]), hist, adv).reason == "no-ofs-delta"
     tags = _tags(repo)
     assert tags
-    # main alone: the import pack holds every other ref's objects too, which a stock fetch would not send
+    # main alone: the import pack holds side's commit too, which a stock fetch would not send
     assert plan(FetchRequest(version=2, wants=[main], capabilities=["ofs-delta", "include-tag"]),
                 hist, adv, tags).reason == "extra-objects"
     assert isinstance(plan(FetchRequest(version=2, wants=sorted(set(refs.values())),
@@ -229,6 +231,9 @@ class _FakeHistory:
 
     def introduced_by(self, commit):
         return []
+
+    def commit_facts(self, commits):
+        return {}
 
     def is_ancestor(self, ref, j, k):
         raise AssertionError("a clone proves nothing")
@@ -390,6 +395,9 @@ class _TagHistory:
     def introduced_by(self, commit):
         return self.INTRODUCED.get(commit, [])
 
+    def commit_facts(self, commits):
+        return {}
+
     def pack_of(self, version):
         return self.PACKS[version]
 
@@ -455,3 +463,88 @@ def test_any_round_proves_what_lies_below_a_haves_own_version():
     # a have whose version updated two refs proves nothing below it
     req = dict(version=2, wants=[H.C3], haves=[H.D4], capabilities=caps, done=True)
     assert plan(FetchRequest(**req), hist, adv).reason == "haves-not-proved"
+
+
+class _NoParents(StoreHistory):
+    """The same store without rule 5's parents: what rules 1-4 alone prove."""
+
+    def commit_facts(self, commits):
+        return {}
+
+
+def test_a_commit_behind_a_merge_into_another_branch_is_proved_by_walking_parents(root, server, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    h.git("checkout", "-q", "-b", "feature", cwd=str(work))
+    t1 = pk.commit(work, "t1")
+    pk.push(work, "origin", "feature")
+    h.git("checkout", "-q", "main", cwd=str(work))
+    h.git("merge", "-q", "--no-ff", "-m", "merge feature", "feature", cwd=str(work))
+    pk.push(work, "origin", "main")
+    pk.commit(work, "c2")
+    pk.push(work, "origin", "main")
+    c3 = pk.commit(work, "c3")
+    pk.push(work, "origin", "main")
+    client = tmp_path / "client.git"         # main only: feature's t1 is behind main's merge, two pushes down
+    h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags", server.url + "/repo.git",
+          str(client))
+    h.git("checkout", "-q", "feature", cwd=str(work))
+    t2 = pk.commit(work, "t2")
+    pk.push(work, "origin", "feature")
+    store = _store(repo)
+    store.build_packs()
+    req = FetchRequest(version=2, wants=[t2], haves=[c3], capabilities=CAPS)
+    assert plan(req, _NoParents(store), _advertised(repo)).reason == "haves-not-proved"
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Plan), p
+    assert len(p.versions) == 1 and t1 in p.held
+    assert any(t1[:12] in proof and "parents walked" in proof for proof in p.proofs)
+    _complete(client, store, p, {"refs/heads/feature": t2})
+
+
+def test_a_version_that_introduced_a_have_again_is_not_planned(root, server, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    h.git("checkout", "-q", "-b", "gone", cwd=str(work))
+    x = pk.commit(work, "x")
+    pk.push(work, "origin", "gone")
+    client_haves = sorted(set(h.refs_of(str(repo)).values()))       # the client has x, and main
+    pk.push(work, "origin", ":gone")                                 # deleted: x is reachable from no ref
+    y = pk.commit(work, "y")
+    pk.push(work, "origin", "HEAD:back")                             # x comes back below y
+    store = _store(repo)
+    store.build_packs()
+    req = FetchRequest(version=2, wants=[y], haves=client_haves, capabilities=CAPS)
+    # rules 1-4 prove x (a have) and its parent: the plan would be the version that
+    # introduced x again, whose pack sends x to a client that has it
+    assert isinstance(plan(req, _NoParents(store), _advertised(repo)), Plan)
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Fallback) and p.reason == "haves-not-proved", p
+
+
+def test_a_have_made_a_ref_value_again_later_does_not_hide_what_the_client_lacks(root, server, tmp_path):
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    client = tmp_path / "client.git"
+    h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags", server.url + "/repo.git",
+          str(client))
+    a = h.out("rev-parse", "HEAD", cwd=str(work))
+    h.git("checkout", "-q", "-b", "feature", cwd=str(work))
+    f1 = pk.commit(work, "f1")
+    pk.push(work, "origin", "feature")                       # the client never fetched this
+    pk.push(work, "origin", f"{a}:refs/heads/mark")          # the client's main becomes a ref value again
+    f2 = pk.commit(work, "f2")
+    pk.push(work, "origin", "feature")
+    store = _store(repo)
+    store.build_packs()
+    req = FetchRequest(version=2, wants=[f2], haves=[a], capabilities=CAPS)
+    # the client state (the latest version where a have was a ref value) is after f1's version:
+    # without the walk, f1's pack might hold what the client has
+    assert plan(req, _NoParents(store), _advertised(repo)).reason == "haves-not-proved"
+    p = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(p, Plan), p
+    assert len(p.versions) == 2 and f1 not in p.held
+    _complete(client, store, p, {"refs/heads/feature": f2})

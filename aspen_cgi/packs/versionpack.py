@@ -23,7 +23,7 @@ import shutil
 import stat
 import socket
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Collection, Mapping, Optional, Sequence
 
 from .. import gitexec
@@ -95,6 +95,7 @@ def _git(gitdir: str, env: Mapping[str, str], args: Sequence[str], search: Delta
 class Boundary:
     introduced: tuple[str, ...]    # commits reachable from the tips and from no earlier ref value
     commits: tuple[str, ...]       # B_v: parents of those outside them, and tips that already existed
+    parents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # each introduced commit's parents
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled
             parents[parts[0]] = parts[1:]
     outside = {p for ps in parents.values() for p in ps if p not in parents}
     outside.update(p for p in peeled if p not in parents)
-    return Boundary(tuple(parents), tuple(sorted(outside)))
+    return Boundary(tuple(parents), tuple(sorted(outside)), {c: tuple(ps) for c, ps in parents.items()})
 
 
 def boundary_listed(listing, tips: Sequence[str], peeled: Sequence[str], before: Collection[str]) -> Optional[Boundary]:
@@ -144,7 +145,7 @@ def boundary_listed(listing, tips: Sequence[str], peeled: Sequence[str], before:
     outside.update(p for p in peeled if p not in commits)
     if not outside <= set(before):
         return None
-    return Boundary(tuple(commits), tuple(sorted(outside)))
+    return Boundary(tuple(commits), tuple(sorted(outside)), {c: tuple(ps) for c, ps in commits.items()})
 
 
 def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,

@@ -22,6 +22,11 @@ in the client's closure, proved by
      behind a branch, or the parent of a merge, is proved. In the first
      round too: waiting for `done` cost lagging clients extra rounds, each
      resending every have, where stock said `ready` at once.)
+  5. (once rules 1-4 miss) c is reached by walking the recorded parents of
+     commits down from the haves and the commits proved so far (`_Graph`:
+     newest-introduced first, never below c's first version, at most
+     WALK_MAX commits a request). This is how a commit behind a merge into
+     another branch is proved.
 or else the version that holds c is needed too, recursively, down to the
 import version (whose pack is the whole repository then). A plan is made
 only when every version has its pack: anything unproved falls back. A
@@ -40,7 +45,9 @@ needed version introduced one of the haves that is no ref value (a v0
 client walks back through its history, sending ancestors of its tips): that
 version's pack holds what the client has below the have. Such a round
 goes to git, which walks the commits; a later round of the same
-negotiation, with more haves, may be proved.
+negotiation, with more haves, may be proved. So does a plan that needs a
+version which introduced a have, or a commit rule 5 found below one (a
+branch deleted and pushed again): its pack would send that commit again.
 
 include-tag (git's `pack-objects --include-tag`): an annotated tag under
 refs/tags whose peeled object is sent is sent too, with its tag chain. After
@@ -80,6 +87,7 @@ have and want: their number is the client's, not the history's).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Optional, Protocol, Sequence
 
@@ -98,6 +106,8 @@ class History(Protocol):
     def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]: ...
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer: ...
     def introduced_by(self, commit: str) -> list[int]: ...
+    def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+        """commit -> (the versions that introduced it, oldest first; its parents), where a build recorded them."""
     def pack_of(self, version: int) -> Optional[PackInfo]:
         """(pack name or "" when empty, boundary commits, refs it updated); None if not built."""
     def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
@@ -190,7 +200,8 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
         whole = _clone(req, history, count)
         if whole is not None:
             return whole
-    walk = _Walk(history, count, req.haves, widen=True, tag_objects=frozenset(tags or ()) | frozenset(tag_objects))
+    walk = _Walk(history, count, req.haves, widen=True, tag_objects=frozenset(tags or ()) | frozenset(tag_objects),
+                 peel=tags or {})
     why = (walk.want(req.wants) or walk.discharge() or walk.unproved()
            or _include_tags(req, tags or {}, walk) or walk.unproved()
            or (walk.invisible(visible) if visible is not None else None)
@@ -218,7 +229,7 @@ class _Walk:
     discharged yet, and what is known of the client's closure."""
 
     def __init__(self, history: History, count: _Count, haves: Sequence[str], widen: bool,
-                 tag_objects: frozenset[str] = frozenset()):
+                 tag_objects: frozenset[str] = frozenset(), peel: Mapping[str, str] = {}):
         self.history = history
         self.count = count
         self.haves = set(haves)
@@ -229,12 +240,14 @@ class _Walk:
         self.needed: set[int] = set()
         self.held_for: set[int] = set()               # versions needed only to hold an unproved boundary commit
         self.tag_objects = tag_objects                # annotated tags: the rules speak of their commits only
+        self.peel = peel                              # annotated refs/tags/* values -> their peeled objects
         self.work: list[int] = []
         self.proved: dict[str, bool] = {}
         self.packs: dict[int, Optional[PackInfo]] = {}
         self.tip_answers: dict[str, TipAnswer] = {}
         self.have_answers = self.tips_many(sorted(self.haves))
         self.learn(self.have_answers)
+        self.graph = _Graph(history, count)           # rule 5
 
     # -- counted reads
 
@@ -306,7 +319,7 @@ class _Walk:
                     v = self.holder(c)
                     if v not in self.needed:
                         self.held_for.add(v)
-                        if self.haves and (v == 1 or v <= self.client_state()):
+                        if self.haves and (v == 1 or (v <= self.client_state() and not self.holds_none(v))):
                             self.needed.add(v)
                             return UNPROVED
                     self.need(v)
@@ -324,12 +337,16 @@ class _Walk:
             return True
         if self.tip_below_have(c, self.tips(c).tips):
             return True
-        for j in self.introduced_by(c):
+        introduced = self.introduced_by(c)
+        for j in introduced:
             info = self.pack(j)
             if info is None or len(info[2]) != 1:
                 continue
             if self.tip_below_have(c, ((j, info[2][0]),)):
                 return True
+        if introduced and self.graph.reaches(self.haves | self.beneath, c, introduced[0]):
+            self.count.proofs.append(f"{c[:12]} is an ancestor of a have (parents walked)")
+            return True
         return False
 
     def tip_below_have(self, c: str, tips: Sequence[tuple[int, str]]) -> bool:
@@ -371,9 +388,10 @@ class _Walk:
         if 1 in self.needed:
             return UNPROVED
         state = self.client_state()
-        if any(v <= state for v in self.held_for):
+        if any(v <= state and not self.holds_none(v) for v in self.held_for):
             return UNPROVED
-        return UNPROVED if self.needed & self.inside_haves() else None
+        self.graph.seed(self.haves)
+        return UNPROVED if self.needed & (self.inside_haves() | self.graph.holders) else None
 
     def inside_haves(self) -> set[int]:
         """The versions that introduced a have which is no version's ref value
@@ -384,6 +402,15 @@ class _Walk:
             if not ans.tips:
                 inside.update(self.introduced_by(c))
         return inside
+
+    def holds_none(self, version: int) -> bool:
+        """The client holds nothing VERSION introduced: every have was first
+        introduced before it (so is every commit below a have), and none is
+        a commit VERSION introduced again. The client state says less: a
+        have may have become a ref value again after VERSION."""
+        seeds = {self.peel.get(h, h) for h in self.haves}
+        firsts = self.graph.firsts(seeds)
+        return all(f is not None and f < version for f in firsts.values()) and version not in self.graph.holders
 
     def client_state(self) -> int:
         """The latest version at which one of the client's haves was a ref value."""
@@ -411,6 +438,64 @@ class _Walk:
         return Plan(order, packs, len(c.versions), len(c.segments), tuple(c.proofs),
                     tuple(v != 1 for v in order), order, c.lookups,
                     tuple(sorted(x for x, ok in self.proved.items() if ok)))
+
+
+class _Graph:
+    """Rule 5: C is in the client's closure when a walk of recorded parents
+    from the haves reaches it. The walk only goes down: a commit first
+    introduced at version i reaches only commits first introduced at or
+    before i (all it reaches was reachable when it was), so asking about C
+    expands the commits found so far that were first introduced no earlier
+    than C, newest first, and keeps the rest for a later question. Bounded
+    by WALK_MAX commits a request; beyond that nothing more is proved so.
+    HOLDERS: the versions that introduced a commit found in the closure
+    (their packs hold objects the client has)."""
+
+    WALK_MAX = 2000
+
+    def __init__(self, history: History, count: _Count):
+        self.history = history
+        self.count = count
+        self.found: set[str] = set()                        # in the client's closure
+        self.first: dict[str, int] = {}                     # found, with recorded parents -> first version
+        self.seeded: set[str] = set()
+        self.heap: list[tuple[int, str, tuple[str, ...]]] = []   # (-first version, commit, parents): not expanded
+        self.holders: set[int] = set()
+        self.walked = 0
+
+    def add(self, commits: Collection[str]) -> None:
+        fresh = sorted(c for c in commits if c not in self.found)
+        if not fresh:
+            return
+        self.found.update(fresh)
+        self.count.lookups += 1
+        for c, (versions, parents) in self.history.commit_facts(fresh).items():
+            if versions:
+                self.first[c] = versions[0]
+                self.holders.update(versions)
+                heapq.heappush(self.heap, (-versions[0], c, parents))
+
+    def seed(self, commits: Collection[str]) -> None:
+        """COMMITS are in the client's closure (haves, commits proved)."""
+        new = [c for c in commits if c not in self.seeded]
+        if new:
+            self.seeded.update(new)
+            self.add(new)
+
+    def firsts(self, seeds: Collection[str]) -> dict[str, Optional[int]]:
+        """Each of SEEDS -> the first version that introduced it (None: not recorded)."""
+        self.seed(seeds)
+        return {c: self.first.get(c) for c in seeds}
+
+    def reaches(self, seeds: Collection[str], c: str, first: int) -> bool:
+        self.seed(seeds)
+        while c not in self.found and self.heap and -self.heap[0][0] >= first and self.walked < self.WALK_MAX:
+            batch: list[str] = []
+            while self.heap and -self.heap[0][0] >= first and len(batch) < 256:
+                batch.extend(heapq.heappop(self.heap)[2])
+                self.walked += 1
+            self.add(batch)
+        return c in self.found
 
 
 def _include_tags(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[str]:

@@ -27,11 +27,11 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Optional, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from .model import StoredRef, Update, Version
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -122,7 +122,13 @@ def _m3(db) -> None:
                                 "window": int, "depth": int, "compression": int}, pk=("lo", "hi"))
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3]
+def _m4(db) -> None:
+    """Commit parents: the planner's walk from a client's haves (the
+    commits each built version introduced, with their parents)."""
+    db["commit_parents"].create({"commit_oid": str, "parents": str}, pk="commit_oid", not_null={"parents"})
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4]
 
 
 def _migrate(conn: Conn) -> None:
@@ -378,6 +384,27 @@ def insert_tips(conn: Conn, version: int, rows: Iterable[tuple[str, str]]) -> No
 def insert_introduced(conn: Conn, version: int, commits: Iterable[str]) -> None:
     conn.executemany("INSERT OR IGNORE INTO introduced(version, commit_oid) VALUES (?, ?)",
                      [(version, c) for c in commits])
+
+
+def insert_parents(conn: Conn, parents: Mapping[str, Sequence[str]]) -> None:
+    """COMMIT -> its parents (a commit's parents never change: the first row stays)."""
+    conn.executemany("INSERT OR IGNORE INTO commit_parents(commit_oid, parents) VALUES (?, ?)",
+                     [(c, " ".join(ps)) for c, ps in parents.items()])
+
+
+def commit_facts(conn: Conn, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """commit -> (the versions that introduced it, oldest first; its parents),
+    for those of COMMITS whose parents a build recorded (per 500 a query)."""
+    out: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
+    keys = list(dict.fromkeys(commits))
+    for i in range(0, len(keys), 500):
+        part = keys[i:i + 500]
+        q = ("SELECT p.commit_oid, p.parents, (SELECT group_concat(version) FROM"
+             " (SELECT version FROM introduced i WHERE i.commit_oid = p.commit_oid ORDER BY version))"
+             " FROM commit_parents p WHERE p.commit_oid IN (%s)" % ",".join("?" * len(part)))
+        for c, ps, vs in conn.execute(q, part):
+            out[c] = (tuple(int(v) for v in vs.split(",")) if vs else (), tuple(ps.split()))
+    return out
 
 
 def pending_versions(conn: Conn) -> list[tuple[int, Optional[str], float]]:

@@ -66,6 +66,9 @@ class StoreHistory:
             got = self._introduced[commit] = self.store.introduced_by(commit)
         return list(got)
 
+    def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+        return self.store.commit_facts(commits)
+
     def identity(self) -> tuple[str, float]:
         if self._identity is None:
             self._identity = self.store.identity()

@@ -509,6 +509,7 @@ class RefStore:
             def record(conn: db.Conn, vid=vid, built=built, b=b, how=how) -> None:
                 db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
                 db.insert_introduced(conn, vid, b.introduced)
+                db.insert_parents(conn, b.parents)
                 db.record_pack(conn, vid, built.name if built else "", built.objects if built else 0,
                                built.size if built else 0, time.time(), how.window, how.depth,
                                how.compression, b.commits)
@@ -687,6 +688,10 @@ class RefStore:
 
     def introduced_by(self, commit: str) -> list[int]:
         return db.introduced_by(self.conn, commit)
+
+    def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+        """commit -> (versions that introduced it, its parents), for the commits a build recorded."""
+        return db.commit_facts(self.conn, commits)
 
     def latest(self) -> int:
         return db.latest_version(self.conn)
