@@ -531,6 +531,23 @@ def test_schema_version_recorded_and_reopening_does_not_migrate(tmp_path):
     assert [v.kind for v in store.log()] == ["import"]
 
 
+def test_a_schema_3_store_gains_commit_parents_and_builds_record_them(tmp_path):
+    repo = h.make_history(tmp_path / "repo.git")
+    store = open_store(repo)
+    store.sync()
+    store.conn.execute("DROP TABLE commit_parents")
+    store.conn.execute("PRAGMA user_version = 3")
+    store = in_new_thread(lambda: open_store(repo))      # a new connection migrates: the versions stay
+    assert sql(store, "PRAGMA user_version") == [(db.SCHEMA_VERSION,)] and db.SCHEMA_VERSION >= 4
+    assert [v.kind for v in store.log()] == ["import"]
+    assert sql(store, "SELECT count(*) FROM commit_parents") == [(0,)]
+    store.build_packs()
+    commits = h.out("rev-list", "--all", "--parents", cwd=str(repo)).splitlines()
+    facts = store.commit_facts([c.split()[0] for c in commits])
+    assert {c: p for c, (_, p) in facts.items()} == {c.split()[0]: tuple(c.split()[1:]) for c in commits}
+    assert {v for v, _ in facts.values()} == {(1,)}
+
+
 def test_deleting_the_state_directory_reimports(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)

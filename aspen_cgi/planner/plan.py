@@ -32,12 +32,14 @@ import version (whose pack is the whole repository then). A plan is made
 only when every version has its pack: anything unproved falls back. A
 client with haves falls back with UNPROVED when its proof pulls in a
 holder version no newer than the client's own state (the latest version at
-which a have was a ref value; the import version always is): the client
-saw the refs of that version, so it may well hold c through a ref whose
-history the rules do not follow (a merge into another branch), and the
-holder's pack would send it again what it has. Measured in the bench's
-lagging-clients workload: such plans carried 1.7x to 2.9x stock's bytes,
-most of them objects the client held. A want the rules prove in the
+which a have was a ref value; the import version always is), unless every
+have was first introduced before the holder (`holds_none`): otherwise the
+client may hold part of the holder's pack (objects a rewrite kept, say)
+and it would be sent again. Measured in the bench's lagging-clients
+workload: such plans carried 1.7x to 2.9x stock's bytes, most of them
+objects the client held; allowing the holder whenever rule 5's walk found
+none of its commits below the haves gave a plan of 3.7x stock's pack bytes
+in random-fetch (a force-push had kept the trees). A want the rules prove in the
 client's closure is left out: the client has it through another ref, as
 stock finds by walking (measured in random-fetch: without this a plan
 resent two such versions whole, 2x stock's pack bytes). Likewise when a
