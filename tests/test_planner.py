@@ -232,6 +232,9 @@ class _FakeHistory:
     def introduced_by(self, commit):
         return []
 
+    def introduced_many(self, commits):
+        return {c: [] for c in commits}
+
     def commit_facts(self, commits):
         return {}
 
@@ -394,6 +397,9 @@ class _TagHistory:
 
     def introduced_by(self, commit):
         return self.INTRODUCED.get(commit, [])
+
+    def introduced_many(self, commits):
+        return {c: self.introduced_by(c) for c in commits}
 
     def commit_facts(self, commits):
         return {}

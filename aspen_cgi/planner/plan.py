@@ -108,6 +108,7 @@ class History(Protocol):
     def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]: ...
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer: ...
     def introduced_by(self, commit: str) -> list[int]: ...
+    def introduced_many(self, commits: Sequence[str]) -> dict[str, list[int]]: ...
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """commit -> (the versions that introduced it, oldest first; its parents), where a build recorded them."""
     def pack_of(self, version: int) -> Optional[PackInfo]:
@@ -247,6 +248,7 @@ class _Walk:
         self.proved: dict[str, bool] = {}
         self.packs: dict[int, Optional[PackInfo]] = {}
         self.tip_answers: dict[str, TipAnswer] = {}
+        self.introduced: dict[str, list[int]] = {}
         self.have_answers = self.tips_many(sorted(self.haves))
         self.learn(self.have_answers)
         self.graph = _Graph(history, count)           # rule 5
@@ -269,9 +271,17 @@ class _Walk:
         return {c: self.tip_answers[c] for c in commits}
 
     def introduced_by(self, commit: str) -> list[int]:
-        got = self.history.introduced_by(commit)
+        got = self.introduced.get(commit)
+        if got is None:
+            got = self.introduced[commit] = self.history.introduced_by(commit)
         self.count.read(Visits(version_ids=tuple(got)))
         return got
+
+    def prefetch(self, commits: Sequence[str]) -> None:
+        """What the rules ask of each of COMMITS, in two queries."""
+        if len(commits) > 1:
+            self.tips_many(commits)
+            self.introduced.update(self.history.introduced_many([c for c in commits if c not in self.introduced]))
 
     def pack(self, version: int) -> Optional[PackInfo]:
         if version not in self.packs:
@@ -292,6 +302,7 @@ class _Walk:
             self.work.append(version)
 
     def want(self, wants: Sequence[str]) -> Optional[str]:
+        self.prefetch([w for w in wants if w not in self.haves])
         for w in wants:
             if w in self.haves:
                 continue
@@ -314,6 +325,7 @@ class _Walk:
             info = self.pack(self.work.pop())
             if info is None:
                 return "not-built"
+            self.prefetch([c for c in info[1] if c not in self.proved])
             for c in info[1]:
                 if c not in self.proved:
                     self.proved[c] = self.in_closure(c)
@@ -551,6 +563,7 @@ def _exact(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[
         for v in todo:
             values = walk.history.version_values(v)
             walk.count.read(Visits(version_ids=(v,)))
+            reach.prefetch([x for x in values if x not in reach.haves])
             if all(_reached(x, reach, tags, include_tag) for x in values):
                 info = walk.pack(v)
                 fresh = [c for c in (info[1] if info else ()) if c not in reach.haves]

@@ -523,6 +523,19 @@ def tips_of_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[tuple[int
     return out
 
 
+def introduced_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int]]:
+    """introduced_by() for every one of COMMITS, one query per 500 of them."""
+    out: dict[str, list[int]] = {c: [] for c in commits}
+    keys = list(out)
+    for i in range(0, len(keys), 500):
+        part = keys[i:i + 500]
+        q = ("SELECT commit_oid, version FROM introduced WHERE commit_oid IN (%s) ORDER BY commit_oid, version"
+             % ",".join("?" * len(part)))
+        for c, v in conn.execute(q, part):
+            out[c].append(v)
+    return out
+
+
 def introduced_by(conn: Conn, commit: str) -> list[int]:
     return [v for (v,) in conn.execute("SELECT version FROM introduced WHERE commit_oid = ? ORDER BY version",
                                        (commit,))]

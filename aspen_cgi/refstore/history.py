@@ -66,6 +66,12 @@ class StoreHistory:
             got = self._introduced[commit] = self.store.introduced_by(commit)
         return list(got)
 
+    def introduced_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
+        todo = [c for c in dict.fromkeys(commits) if c not in self._introduced]
+        if todo:
+            self._introduced.update(self.store.introduced_by_many(todo))
+        return {c: list(self._introduced[c]) for c in commits}
+
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         return self.store.commit_facts(commits)
 

@@ -689,6 +689,9 @@ class RefStore:
     def introduced_by(self, commit: str) -> list[int]:
         return db.introduced_by(self.conn, commit)
 
+    def introduced_by_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
+        return db.introduced_by_many(self.conn, commits)
+
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """commit -> (versions that introduced it, its parents), for the commits a build recorded."""
         return db.commit_facts(self.conn, commits)
