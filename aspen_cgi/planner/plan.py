@@ -109,6 +109,8 @@ class History(Protocol):
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer: ...
     def introduced_by(self, commit: str) -> list[int]: ...
     def introduced_many(self, commits: Sequence[str]) -> dict[str, list[int]]: ...
+    def introduced_commits(self, version: int) -> Collection[str]:
+        """The commits VERSION introduced."""
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """commit -> (the versions that introduced it, oldest first; its parents), where a build recorded them."""
     def pack_of(self, version: int) -> Optional[PackInfo]:
@@ -404,8 +406,13 @@ class _Walk:
         state = self.client_state()
         if any(v <= state and not self.holds_none(v) for v in self.held_for):
             return UNPROVED
-        self.graph.seed(self.haves)
-        return UNPROVED if self.needed & (self.inside_haves() | self.graph.holders) else None
+        if self.needed & (self.inside_haves() | self.graph.holders):
+            return UNPROVED
+        for v in sorted(self.needed):
+            self.count.read(Visits(version_ids=(v,)))
+            if not self.haves.isdisjoint(self.history.introduced_commits(v)):
+                return UNPROVED
+        return None
 
     def inside_haves(self) -> set[int]:
         """The versions that introduced a have which is no version's ref value

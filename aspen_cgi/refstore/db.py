@@ -438,6 +438,11 @@ def void_update(conn: Conn, version: int, ref: str) -> None:
     conn.execute("DELETE FROM tips WHERE version = ? AND ref = ?", (version, ref))
 
 
+def introduced_commits(conn: Conn, version: int) -> list[str]:
+    """The commits VERSION introduced."""
+    return [c for (c,) in conn.execute("SELECT commit_oid FROM introduced WHERE version = ?", (version,))]
+
+
 def drop_introduced(conn: Conn, version: int) -> None:
     conn.execute("DELETE FROM introduced WHERE version = ?", (version,))
 

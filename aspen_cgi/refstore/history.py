@@ -66,6 +66,15 @@ class StoreHistory:
             got = self._introduced[commit] = self.store.introduced_by(commit)
         return list(got)
 
+    def introduced_commits(self, version: int) -> frozenset[str]:
+        key = (self.identity(), "introduced", version)
+        out = SHARED.get(key)
+        if out is None:
+            out = frozenset(self.store.introduced_commits(version))
+            if self.pack_of(version) is not None:
+                _share(key, out)           # a built version's N_v is final
+        return out
+
     def introduced_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
         todo = [c for c in dict.fromkeys(commits) if c not in self._introduced]
         if todo:

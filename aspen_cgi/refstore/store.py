@@ -689,6 +689,9 @@ class RefStore:
     def introduced_by(self, commit: str) -> list[int]:
         return db.introduced_by(self.conn, commit)
 
+    def introduced_commits(self, version: int) -> list[str]:
+        return db.introduced_commits(self.conn, version)
+
     def introduced_by_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
         return db.introduced_by_many(self.conn, commits)
 
