@@ -263,16 +263,18 @@ def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Option
 
 def _remove_after_background_work(path: Path, timeout: float = 60.0) -> None:
     """rm -rf PATH; while a pack builder the last push started there is still
-    writing, rm -rf can race it (Directory not empty): try again until it
-    has ended. (The race is Aspen's known limit: tests/test_background_builds.py.)"""
+    writing, rm -rf can race it: a directory not empty yet, or a file the
+    builder removed itself first (FileNotFoundError half-way, with most of
+    PATH still there): try again until PATH is gone. (The race is Aspen's
+    known limit: tests/test_background_builds.py.)"""
     deadline = time.monotonic() + timeout
     while True:
         try:
             shutil.rmtree(path)
             return
-        except FileNotFoundError:
-            return
         except OSError:
+            if not os.path.lexists(path):
+                return
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
@@ -285,7 +287,11 @@ def triplicate(root: Path) -> tuple[Path, Path, Path]:
         dest = root.parent / name
         if dest.exists():
             _remove_after_background_work(dest)
-        shutil.copytree(root, dest, symlinks=True)
+        try:
+            shutil.copytree(root, dest, symlinks=True)
+        except FileExistsError:
+            left = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+            raise AssertionError(f"{dest} was made again after rm -rf: {left}") from None
         out.append(dest)
     return tuple(out)
 
