@@ -234,7 +234,8 @@ class _Walk:
     discharged yet, and what is known of the client's closure."""
 
     def __init__(self, history: History, count: _Count, haves: Sequence[str], widen: bool,
-                 tag_objects: frozenset[str] = frozenset(), peel: Mapping[str, str] = {}):
+                 tag_objects: frozenset[str] = frozenset(), peel: Mapping[str, str] = {},
+                 known: Optional["_Walk"] = None):
         self.history = history
         self.count = count
         self.haves = set(haves)
@@ -249,8 +250,8 @@ class _Walk:
         self.work: list[int] = []
         self.proved: dict[str, bool] = {}
         self.packs: dict[int, Optional[PackInfo]] = {}
-        self.tip_answers: dict[str, TipAnswer] = {}
-        self.introduced: dict[str, list[int]] = {}
+        self.tip_answers: dict[str, TipAnswer] = dict(known.tip_answers) if known else {}   # KNOWN: same request
+        self.introduced: dict[str, list[int]] = dict(known.introduced) if known else {}
         self.have_answers = self.tips_many(sorted(self.haves))
         self.learn(self.have_answers)
         self.graph = _Graph(history, count)           # rule 5
@@ -419,9 +420,10 @@ class _Walk:
         (a commit a v0 client walked back to): their packs hold commits, and
         the objects below them, that the client has."""
         inside: set[int] = set()
-        for c, ans in self.have_answers.items():
-            if not ans.tips:
-                inside.update(self.introduced_by(c))
+        untipped = [c for c, ans in self.have_answers.items() if not ans.tips]
+        self.prefetch(untipped)
+        for c in untipped:
+            inside.update(self.introduced_by(c))
         return inside
 
     def holds_none(self, version: int) -> bool:
@@ -562,7 +564,7 @@ def _exact(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[
     exactly the objects and, following tags by the objects it has, the tags a
     stock fetch gives it."""
     closure = sorted(set(req.wants) | walk.haves)
-    reach = _Walk(walk.history, walk.count, closure, widen=False)
+    reach = _Walk(walk.history, walk.count, closure, widen=False, known=walk)
     include_tag = req.has_capability("include-tag")
     todo = sorted(walk.needed, reverse=True)
     while todo:
