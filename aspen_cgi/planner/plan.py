@@ -255,6 +255,7 @@ class _Walk:
         self.have_answers = self.tips_many(sorted(self.haves))
         self.learn(self.have_answers)
         self.graph = _Graph(history, count)           # rule 5
+        self.seeded_from = (0, 0)
 
     # -- counted reads
 
@@ -361,10 +362,16 @@ class _Walk:
                 continue
             if self.tip_below_have(c, ((j, info[2][0]),)):
                 return True
-        if introduced and self.graph.reaches(self.haves | self.beneath, c, introduced[0]):
+        if introduced and self.graph_reaches(c, introduced[0]):
             self.count.proofs.append(f"{c[:12]} is an ancestor of a have (parents walked)")
             return True
         return False
+
+    def graph_reaches(self, c: str, first: int) -> bool:
+        if self.seeded_from != (len(self.haves), len(self.beneath)):   # both only grow
+            self.seeded_from = (len(self.haves), len(self.beneath))
+            self.graph.seed(self.haves | self.beneath)
+        return self.graph.reaches(c, first)
 
     def tip_below_have(self, c: str, tips: Sequence[tuple[int, str]]) -> bool:
         for j, ref in tips:
@@ -510,8 +517,8 @@ class _Graph:
         self.seed(seeds)
         return {c: self.first.get(c) for c in seeds}
 
-    def reaches(self, seeds: Collection[str], c: str, first: int) -> bool:
-        self.seed(seeds)
+    def reaches(self, c: str, first: int) -> bool:
+        """Is C, first introduced at FIRST, below what was seeded?"""
         while c not in self.found and self.heap and -self.heap[0][0] >= first and self.walked < self.WALK_MAX:
             batch: list[str] = []
             while self.heap and -self.heap[0][0] >= first and len(batch) < 256:
