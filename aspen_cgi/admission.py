@@ -124,6 +124,8 @@ def acquire(lim: Limits, gitdir: str, queue: bool = True) -> Slot:
         os.makedirs(lim.run_dir, mode=0o1777, exist_ok=True)
     except OSError:
         return Slot([], 0.0)        # nowhere to count: admit (never an error for lack of a directory)
+    if not os.access(lim.run_dir, os.W_OK | os.X_OK):
+        return Slot([], 0.0)        # another user's directory (ASPEN_RUN_DIR passed to mod_wsgi's daemons): admit
     repo_p, server_p, queue_p = _prefixes(lim, gitdir)
     got = _try(lim, repo_p, server_p)
     if got is not None:
