@@ -477,6 +477,18 @@ def test_any_round_proves_what_lies_below_a_haves_own_version():
     assert plan(FetchRequest(**req), hist, adv).reason == "haves-not-proved"
 
 
+def _main_only(server, client: Path) -> None:
+    """A single-branch clone of main, without tags."""
+    h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags", server.url + "/repo.git",
+          str(client))
+
+
+def _built(repo: Path) -> RefStore:
+    store = _store(repo)
+    store.build_packs()
+    return store
+
+
 class _NoParents(StoreHistory):
     """The same store without rule 5's parents: what rules 1-4 alone prove."""
 
@@ -506,13 +518,11 @@ def test_a_commit_behind_a_merge_into_another_branch_is_proved_by_walking_parent
     c3 = pk.commit(work, "c3")
     pk.push(work, "origin", "main")
     client = tmp_path / "client.git"         # main only: feature's t1 is behind main's merge, two pushes down
-    h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags", server.url + "/repo.git",
-          str(client))
+    _main_only(server, client)
     h.git("checkout", "-q", "feature", cwd=str(work))
     t2 = pk.commit(work, "t2")
     pk.push(work, "origin", "feature")
-    store = _store(repo)
-    store.build_packs()
+    store = _built(repo)
     req = FetchRequest(version=2, wants=[t2], haves=[c3], capabilities=CAPS)
     assert plan(req, _NoParents(store), _advertised(repo)).reason == "haves-not-proved"
     p = plan(req, StoreHistory(store), _advertised(repo))
@@ -533,8 +543,7 @@ def test_a_version_that_introduced_a_have_again_is_not_planned(root, server, tmp
     pk.push(work, "origin", ":gone")                                 # deleted: x is reachable from no ref
     y = pk.commit(work, "y")
     pk.push(work, "origin", "HEAD:back")                             # x comes back below y
-    store = _store(repo)
-    store.build_packs()
+    store = _built(repo)
     req = FetchRequest(version=2, wants=[y], haves=client_haves, capabilities=CAPS)
     # rules 1-4 prove x (a have) and its parent: the plan would be the version that
     # introduced x again, whose pack sends x to a client that has it
@@ -548,8 +557,7 @@ def test_a_have_made_a_ref_value_again_later_does_not_hide_what_the_client_lacks
     work = tmp_path / "work"
     h.git("clone", "-q", server.url + "/repo.git", str(work))
     client = tmp_path / "client.git"
-    h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags", server.url + "/repo.git",
-          str(client))
+    _main_only(server, client)
     a = h.out("rev-parse", "HEAD", cwd=str(work))
     h.git("checkout", "-q", "-b", "feature", cwd=str(work))
     f1 = pk.commit(work, "f1")
@@ -557,8 +565,7 @@ def test_a_have_made_a_ref_value_again_later_does_not_hide_what_the_client_lacks
     pk.push(work, "origin", f"{a}:refs/heads/mark")          # the client's main becomes a ref value again
     f2 = pk.commit(work, "f2")
     pk.push(work, "origin", "feature")
-    store = _store(repo)
-    store.build_packs()
+    store = _built(repo)
     req = FetchRequest(version=2, wants=[f2], haves=[a], capabilities=CAPS)
     # the client state (the latest version where a have was a ref value) is after f1's version:
     # without the walk, f1's pack might hold what the client has

@@ -395,16 +395,17 @@ def insert_parents(conn: Conn, parents: Mapping[str, Sequence[str]]) -> None:
 def commit_facts(conn: Conn, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """commit -> (the versions that introduced it, oldest first; its parents),
     for those of COMMITS whose parents a build recorded (per 500 a query)."""
-    out: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {}
-    keys = list(dict.fromkeys(commits))
+    rows = _rows_in(conn, "SELECT p.commit_oid, p.parents, (SELECT group_concat(version) FROM"
+                          " (SELECT version FROM introduced i WHERE i.commit_oid = p.commit_oid ORDER BY version))"
+                          " FROM commit_parents p WHERE p.commit_oid IN (%s)", list(dict.fromkeys(commits)))
+    return {c: (tuple(int(v) for v in vs.split(",")) if vs else (), tuple(ps.split())) for c, ps, vs in rows}
+
+
+def _rows_in(conn: Conn, query: str, keys: Sequence[str]) -> Iterator[tuple]:
+    """QUERY's rows with its `IN (%s)` filled with KEYS, one query per 500 of them."""
     for i in range(0, len(keys), 500):
         part = keys[i:i + 500]
-        q = ("SELECT p.commit_oid, p.parents, (SELECT group_concat(version) FROM"
-             " (SELECT version FROM introduced i WHERE i.commit_oid = p.commit_oid ORDER BY version))"
-             " FROM commit_parents p WHERE p.commit_oid IN (%s)" % ",".join("?" * len(part)))
-        for c, ps, vs in conn.execute(q, part):
-            out[c] = (tuple(int(v) for v in vs.split(",")) if vs else (), tuple(ps.split()))
-    return out
+        yield from conn.execute(query % ",".join("?" * len(part)), part)
 
 
 def pending_versions(conn: Conn) -> list[tuple[int, Optional[str], float]]:
@@ -518,26 +519,18 @@ def tips_of(conn: Conn, commit: str) -> list[tuple[int, str]]:
 def tips_of_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
     """tips_of() for every one of COMMITS, one query per 500 of them."""
     out: dict[str, list[tuple[int, str]]] = {c: [] for c in commits}
-    keys = list(out)
-    for i in range(0, len(keys), 500):
-        part = keys[i:i + 500]
-        q = ("SELECT commit_oid, version, ref FROM tips WHERE commit_oid IN (%s) ORDER BY commit_oid, version, ref"
-             % ",".join("?" * len(part)))
-        for c, v, r in conn.execute(q, part):
-            out[c].append((v, r))
+    for c, v, r in _rows_in(conn, "SELECT commit_oid, version, ref FROM tips WHERE commit_oid IN (%s)"
+                                  " ORDER BY commit_oid, version, ref", list(out)):
+        out[c].append((v, r))
     return out
 
 
 def introduced_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int]]:
     """introduced_by() for every one of COMMITS, one query per 500 of them."""
     out: dict[str, list[int]] = {c: [] for c in commits}
-    keys = list(out)
-    for i in range(0, len(keys), 500):
-        part = keys[i:i + 500]
-        q = ("SELECT commit_oid, version FROM introduced WHERE commit_oid IN (%s) ORDER BY commit_oid, version"
-             % ",".join("?" * len(part)))
-        for c, v in conn.execute(q, part):
-            out[c].append(v)
+    for c, v in _rows_in(conn, "SELECT commit_oid, version FROM introduced WHERE commit_oid IN (%s)"
+                               " ORDER BY commit_oid, version", list(out)):
+        out[c].append(v)
     return out
 
 
