@@ -277,15 +277,18 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     from .cache import responses
     from .refstore.store import state_dir
     depth1 = packhook.wants_wide_pack(req, ctx.env)
+    sdir = state_dir(ctx.gitdir, ctx.env)
     if depth1:
         ctx.trace["depth1"] = "stock"
-    settings = responses.settings(state_dir(ctx.gitdir, ctx.env), ctx.env)
+        from .cache import depth1 as wide, prewarm
+        if not wide.no_client(ctx.env):
+            prewarm.note_demand(sdir)
+    settings = responses.settings(sdir, ctx.env)
     if settings is None:
         return compute(ctx, req, data)
     key = _cache_key(ctx, data)
     interim = None
     if depth1:
-        from .cache import depth1 as wide
         job = wide.Job(settings, key.name, key.version, ctx.gitdir, dict(ctx.env), data)
         interim = lambda: wide.kick(job, background.IN_PROCESS)      # noqa: E731
         if wide.no_client(ctx.env) and not wide.done(job):

@@ -303,6 +303,7 @@ def test_prewarm_makes_the_first_clone_after_a_push_a_hit(root, server_factory, 
     server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(tmp_path / "run"))
     work = tmp_path / "w"
     git("clone", "-q", f"{server.url}/repo.git", str(work))
+    _clone_ok(f"{server.url}/repo.git", tmp_path / "before", root / "repo.git", "--depth", "1")   # the demand
     (work / "new.txt").write_text("pushed\n")
     git("add", "new.txt", cwd=str(work))
     git("commit", "-q", "-m", "new", cwd=str(work))
@@ -316,6 +317,24 @@ def test_prewarm_makes_the_first_clone_after_a_push_a_hit(root, server_factory, 
     _clone_ok(f"{server.url}/repo.git", tmp_path / "b", root / "repo.git", "--depth", "1", "--branch", "main")
     assert _settled_marks(server)[-1] == "hit"
     assert _tip(tmp_path / "c", "HEAD") == _tip(root / "repo.git")
+
+
+def test_prewarm_only_where_depth1_clones_were_asked_for(root, server_factory, tmp_path):
+    """A push starts a pre-warmer only once a client asked for a depth-1 clone
+    within ASPEN_PREWARM_DEMAND_S: a full clone is no such demand."""
+    from aspen_cgi.cache import prewarm
+    repo = root / "repo.git"
+    git("config", "http.receivepack", "true", cwd=str(repo))
+    server = server_factory(root, ASPEN_RUN_DIR=str(tmp_path / "run"))
+    git("clone", "-q", f"{server.url}/repo.git", str(tmp_path / "full"))
+    env = {"ASPEN_PREWARM": "default"}
+    sdir = str(repo / "aspen")
+    assert not prewarm.demanded(sdir, env)
+    assert prewarm.kick(str(repo), env, in_process=False) is False
+    _clone_ok(f"{server.url}/repo.git", tmp_path / "shallow", repo, "--depth", "1")
+    assert prewarm.demanded(sdir, env)
+    assert not prewarm.demanded(sdir, {**env, "ASPEN_PREWARM_DEMAND_S": "-1"})   # outside the window
+    assert prewarm.kick(str(repo), {**env, "ASPEN_PREWARM": "off"}, in_process=False) is False
 
 
 def test_prewarm_off_and_other_branches_leave_the_cache_cold(root, server_factory, tmp_path):

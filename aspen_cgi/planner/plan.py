@@ -167,6 +167,11 @@ class _Count:
         self.versions.update(visits.version_ids)
         self.segments.update(("node",) + s for s in visits.segment_ids)
 
+    def visit(self, versions: Collection[int]) -> None:
+        """One question answered from the records of VERSIONS."""
+        self.lookups += 1
+        self.versions.update(versions)
+
     def look_up(self) -> None:
         """One tips-index lookup: an index probe per commit asked about (every
         have and want among them), counted as a lookup, not as a visit."""
@@ -241,6 +246,7 @@ class _Walk:
         self.haves = set(haves)
         self.may_widen = widen                        # rule 4 (the client's walk; not the exactness check's)
         self.have_tips: dict[str, set[int]] = {}      # ref -> versions at which a have became its value
+        self.state = 0                                # client_state()
         self.beneath: set[str] = set()                # rule 4's commits
         self.widened = False
         self.needed: set[int] = set()
@@ -256,6 +262,7 @@ class _Walk:
         self.learn(self.have_answers)
         self.graph = _Graph(history, count)           # rule 5
         self.seeded_from = (0, 0)
+        self.newest_have: tuple[int, Optional[int]] = (-1, None)   # (haves counted, the latest first version of one)
 
     # -- counted reads
 
@@ -278,7 +285,7 @@ class _Walk:
         got = self.introduced.get(commit)
         if got is None:
             got = self.introduced[commit] = self.history.introduced_by(commit)
-        self.count.read(Visits(version_ids=tuple(got)))
+        self.count.visit(got)
         return got
 
     def prefetch(self, commits: Sequence[str]) -> None:
@@ -290,7 +297,7 @@ class _Walk:
     def pack(self, version: int) -> Optional[PackInfo]:
         if version not in self.packs:
             self.packs[version] = self.history.pack_of(version)
-            self.count.read(Visits(version_ids=(version,)))
+            self.count.visit((version,))
         return self.packs[version]
 
     def is_ancestor(self, ref: str, j: int, k: int) -> bool:
@@ -402,6 +409,7 @@ class _Walk:
         for ans in answers.values():
             for version, ref in ans.tips:
                 self.have_tips.setdefault(ref, set()).add(version)
+                self.state = max(self.state, version)
 
     def unproved(self) -> Optional[str]:
         """UNPROVED when a client with haves would get a holder's pack it may
@@ -417,7 +425,7 @@ class _Walk:
         if self.needed & (self.inside_haves() | self.graph.holders):
             return UNPROVED
         for v in sorted(self.needed):
-            self.count.read(Visits(version_ids=(v,)))
+            self.count.visit((v,))
             if not self.haves.isdisjoint(self.history.introduced_commits(v)):
                 return UNPROVED
         return None
@@ -438,13 +446,15 @@ class _Walk:
         introduced before it (so is every commit below a have), and none is
         a commit VERSION introduced again. The client state says less: a
         have may have become a ref value again after VERSION."""
-        seeds = {self.peel.get(h, h) for h in self.haves}
-        firsts = self.graph.firsts(seeds)
-        return all(f is not None and f < version for f in firsts.values()) and version not in self.graph.holders
+        if self.newest_have[0] != len(self.haves):      # the haves only grow
+            firsts = self.graph.firsts({self.peel.get(h, h) for h in self.haves}).values()
+            self.newest_have = (len(self.haves), None if None in firsts else max(firsts, default=0))
+        newest = self.newest_have[1]
+        return newest is not None and newest < version and version not in self.graph.holders
 
     def client_state(self) -> int:
         """The latest version at which one of the client's haves was a ref value."""
-        return max((k for versions in self.have_tips.values() for k in versions), default=0)
+        return self.state
 
     def invisible(self, visible: Callable[[str], bool]) -> Optional[str]:
         """INVISIBLE_REF when a needed version wrote a ref VISIBLE rejects."""
@@ -578,7 +588,7 @@ def _exact(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[
         left = []
         for v in todo:
             values = walk.history.version_values(v)
-            walk.count.read(Visits(version_ids=(v,)))
+            walk.count.visit((v,))
             reach.prefetch([x for x in values if x not in reach.haves])
             if all(_reached(x, reach, tags, include_tag) for x in values):
                 info = walk.pack(v)
@@ -654,7 +664,7 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
             name = segments[(lo, hi)]
         else:
             info = history.pack_of(lo)
-            count.read(Visits(version_ids=(lo,)))
+            count.visit((lo,))
             if info is None:
                 return None
             name = info[0]
