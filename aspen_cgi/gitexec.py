@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
 
 GIT = os.environ.get("ASPEN_GIT", "git")
+Timeout = subprocess.TimeoutExpired
 CHUNK = 65536
 NICE = shutil.which("nice")            # coreutils: a background child's niceness
 SETPRIV = shutil.which("setpriv")      # util-linux: a background child dies with its builder

@@ -388,6 +388,8 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     if ctx.protocol_version != 2 and not known:
         return _fallback(ctx, "unknown-have")
     result = _plan(ctx, req, history)
+    if isinstance(result, Fallback) and result.candidate is not None:
+        result = _checked(ctx, req, store, history, result)
     if isinstance(result, Fallback):
         if result.detail:
             ctx.trace["unproved"] = result.detail
@@ -459,6 +461,20 @@ def _plan(ctx, req: FetchRequest, history):
                      versions_visited=result.versions_visited, segments_visited=result.segments_visited,
                      lookups=result.lookups)
     return result
+
+
+def _checked(ctx, req: FetchRequest, store, history, refused):
+    """The refused plan's candidate when git's object walk for the request
+    lists every object of its packs and stock would pack that walk in this
+    round (plancheck.py), else the fallback."""
+    from . import plancheck
+    t0 = time.perf_counter()
+    snap = _snapshot(ctx)
+    verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, refused.candidate.packs, req.wants, req.haves,
+                              _annotated_tags(ctx, snap), req.has_capability("include-tag"), req.done,
+                              history.indexes)
+    ctx.trace.update(checked=verdict.why or "ok", check_us=round((time.perf_counter() - t0) * 1e6))
+    return refused.candidate if verdict.ok else refused
 
 
 def _visibility(ctx, snap: RefSnapshot):

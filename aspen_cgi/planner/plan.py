@@ -71,6 +71,14 @@ its peeled object; a version proved so adds its boundary to that closure),
 else EXTRA_OBJECTS; and, when some refs are hidden from the client
 (hideRefs, a namespace), no needed version wrote one (INVISIBLE_REF).
 
+Candidates: a fallback for the cost rule (UNPROVED "held") or for
+EXTRA_OBJECTS carries the plan it refused, when one exists without the
+import version: complete, but its packs may hold objects the client has or
+stock would not send. The service sends it only once git's own object walk
+for the same wants and haves (`rev-list --objects`, plancheck.py) lists
+every object of its packs: then the client ends with exactly stock's
+objects, and no object twice.
+
 A full clone (no haves) of every ref value of the latest version N is the
 import pack, then segment packs and version packs partitioning versions
 2 … N (the longest built segment first, `cover()`): each extent holds what
@@ -152,6 +160,7 @@ class Fallback:
     segments_visited: int = 0
     lookups: int = 0
     detail: str = ""          # UNPROVED: "import" (the whole repository needed) or "held" (a holder the client may have)
+    candidate: Optional[Plan] = None   # the plan the cost rule or exactness refused (module docstring)
 
 
 @dataclass
@@ -177,8 +186,8 @@ class _Count:
         have and want among them), counted as a lookup, not as a visit."""
         self.lookups += 1
 
-    def fallback(self, reason: str, detail: str = "") -> Fallback:
-        return Fallback(reason, len(self.versions), len(self.segments), self.lookups, detail)
+    def fallback(self, reason: str, detail: str = "", candidate: Optional[Plan] = None) -> Fallback:
+        return Fallback(reason, len(self.versions), len(self.segments), self.lookups, detail, candidate)
 
 
 SUPPORTED_CAPS = {"multi_ack", "multi_ack_detailed", "no-done", "thin-pack", "side-band", "side-band-64k",
@@ -217,8 +226,28 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
            or (walk.invisible(visible) if visible is not None else None)
            or _exact(req, tags or {}, walk))
     if why == UNPROVED:
-        return count.fallback(why, "import" if 1 in walk.needed else "held")
+        if 1 in walk.needed:
+            return count.fallback(why, "import")
+        return count.fallback(why, "held", _candidate(req, tags or {}, walk, visible))
+    if why == EXTRA_OBJECTS:
+        return count.fallback(why, candidate=walk.plan())
     return count.fallback(why) if why else walk.plan()
+
+
+def _candidate(req: FetchRequest, tags: Mapping[str, str], walk: "_Walk",
+               visible: Optional[Callable[[str], bool]]) -> Optional[Plan]:
+    """The plan the cost rule refused: the walk finished without it (every
+    holder needed, as for a client without haves), None when that needs the
+    import version or another reason refuses it. It is complete, but may
+    send objects the client has: the caller checks it against git's own
+    object walk before it is sent (plancheck.py)."""
+    walk.hold_rule = False
+    walk.work.extend(sorted(walk.needed))       # an early stop may have left boundaries unvisited
+    why = (walk.discharge() or _include_tags(req, tags, walk)
+           or (walk.invisible(visible) if visible is not None else None))
+    if why or 1 in walk.needed:
+        return None
+    return walk.plan()
 
 
 def _request_reason(req: FetchRequest, advertised: frozenset[str]) -> Optional[str]:
@@ -263,6 +292,7 @@ class _Walk:
         self.graph = _Graph(history, count)           # rule 5
         self.seeded_from = (0, 0)
         self.newest_have: tuple[int, Optional[int]] = (-1, None)   # (haves counted, the latest first version of one)
+        self.hold_rule = True                         # off: every holder is needed (a candidate, _candidate())
 
     # -- counted reads
 
@@ -332,7 +362,7 @@ class _Walk:
         newer than it now stays so (planning stopped there, not 70 ms later)."""
         while self.work:
             if self.haves and 1 in self.needed:
-                return UNPROVED
+                return UNPROVED if self.hold_rule else "import"
             info = self.pack(self.work.pop())
             if info is None:
                 return "not-built"
@@ -344,7 +374,8 @@ class _Walk:
                     v = self.holder(c)
                     if v not in self.needed:
                         self.held_for.add(v)
-                        if self.haves and (v == 1 or (v <= self.client_state() and not self.holds_none(v))):
+                        if self.haves and self.hold_rule and (v == 1 or (v <= self.client_state()
+                                                                         and not self.holds_none(v))):
                             self.needed.add(v)
                             return UNPROVED
                     self.need(v)

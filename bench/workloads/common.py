@@ -75,7 +75,7 @@ _KV = re.compile(r"(\w+)=(\S+)")
 PLAN_PREFIX = "aspen-plan "
 # Numbers of a plan trace line summed over the lines of one client operation
 # (a v2 negotiation of several rounds writes one line per round).
-_SUMMED = (("plan_us", "planning_us"), ("versions_visited", "versions_visited"),
+_SUMMED = (("plan_us", "planning_us"), ("check_us", "check_us"), ("versions_visited", "versions_visited"),
            ("segments_visited", "segments_visited"), ("serve_ms", "serve_ms"))
 
 

@@ -1,0 +1,130 @@
+"""A refused plan checked against git's own object walk.
+
+The planner refuses a plan it cannot prove free of objects the client
+already has (the cost rule's `held`) or that stock would not send
+(`extra-objects`), and hands over that plan as a candidate
+(planner/plan.py). Here `git rev-list --objects WANTS --not HAVES` lists
+the objects stock's pack-objects would pack for the same request (its
+walk, the same machinery); the candidate is sent only when every object of
+its packs is among them, or is an annotated tag that include-tag would add
+(its peeled object listed). Then it holds nothing the client has and
+nothing stock would not send; the planner proved it complete.
+
+In a round that does not end the negotiation (no `done`), stock packs that
+list only when it is ready to (upload-pack's ok_to_give_up: every want
+reaches a commit the client said it has); otherwise it would go on and
+might learn of more that the client has. So there the candidate is sent
+only when each want reaches a have through commits the client lacks
+(`rev-list --parents`), which makes stock ready too.
+
+Bounded: a candidate of more than MAX_OBJECTS objects, a listing longer
+than that, or a walk over TIMEOUT_S seconds is not checked (git answers)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from . import gitexec
+from .packs.packfile import PackError, PackIndex
+
+MAX_OBJECTS = 200_000
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    why: str = ""           # when not: "overlap" (an object stock would not send), "not-ready", "too-large", "git-failed"
+    objects: int = 0        # objects in the candidate's packs
+
+
+def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[str], wants: Sequence[str],
+          haves: Sequence[str], tags: Mapping[str, str], include_tag: bool, done: bool = True,
+          indexes: Optional[dict] = None) -> Check:
+    """Whether the packs named PACKS hold only objects stock's answer to
+    WANTS and HAVES holds; TAGS: annotated tag -> its peeled object; DONE:
+    the round ends the negotiation. INDEXES: pack name -> loaded PackIndex,
+    kept for the splice."""
+    indexes = indexes if indexes is not None else {}
+    if not done and not _stock_ready(gitdir, env, [tags.get(w, w) for w in wants], haves):
+        return Check(False, "not-ready")
+    names = [n for n in packs if n]
+    try:
+        for n in names:
+            if n not in indexes:
+                indexes[n] = PackIndex.load(os.path.join(packs_dir, f"pack-{n}.idx"))
+    except PackError:
+        return Check(False, "pack-error")
+    total = sum(indexes[n].count for n in names)
+    if total > MAX_OBJECTS:
+        return Check(False, "too-large", total)
+    listed = _stock_objects(gitdir, env, wants, haves)
+    if listed is None:
+        return Check(False, "git-failed", total)
+    if include_tag:
+        listed |= {bytes.fromhex(t) for t, p in tags.items() if bytes.fromhex(p) in listed and t not in haves}
+    for n in names:
+        if not all(o in listed for o in indexes[n].oids):
+            return Check(False, "overlap", total)
+    return Check(True, "", total)
+
+
+def _stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], haves: Sequence[str]) -> bool:
+    """Every one of WANTS (commits) reaches one of HAVES through commits
+    outside the haves' closure."""
+    have = set(haves)
+    res = _rev_list(gitdir, env, ["--parents"], wants, haves)
+    if res is None:
+        return False
+    parents: dict[str, list[str]] = {}
+    for line in res.decode().splitlines():
+        ids = line.split()
+        parents[ids[0]] = ids[1:]
+    for w in wants:
+        if w in have:
+            continue
+        if w not in parents:
+            return False
+        stack, seen, found = [w], {w}, False
+        while stack and not found:
+            for p in parents[stack.pop()]:
+                if p in have:
+                    found = True
+                    break
+                if p in parents and p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        if not found:
+            return False
+    return True
+
+
+def _rev_list(gitdir: str, env: Mapping[str, str], options: Sequence[str], wants: Sequence[str],
+              haves: Sequence[str]) -> Optional[bytes]:
+    """`git rev-list OPTIONS WANTS --not HAVES` (haves this repository lacks
+    left out, as stock ignores them); None when git fails or takes too long."""
+    lines = list(wants) + [f"^{h}" for h in haves]
+    try:
+        res = gitexec.git(["rev-list", *options, "--ignore-missing", "--stdin"], cwd=gitdir,
+                          env=gitexec.child_env(env, GIT_DIR="."), input=("\n".join(lines) + "\n").encode(),
+                          timeout=TIMEOUT_S)
+    except gitexec.Timeout:
+        return None
+    return res.stdout if res.ok else None
+
+
+def _stock_objects(gitdir: str, env: Mapping[str, str], wants: Sequence[str],
+                   haves: Sequence[str]) -> Optional[set[bytes]]:
+    """The objects `rev-list --objects` lists for WANTS less HAVES; None when
+    git fails or the list is too long."""
+    listing = _rev_list(gitdir, env, ["--objects"], wants, haves)
+    if listing is None:
+        return None
+    out: set[bytes] = set()
+    for line in listing.splitlines():
+        out.add(bytes.fromhex(line.split(b" ", 1)[0].decode()))
+        if len(out) > MAX_OBJECTS:
+            return None
+    return out

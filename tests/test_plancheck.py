@@ -1,0 +1,127 @@
+"""Refused plans checked against git's object walk (aspen_cgi/plancheck.py):
+the planner's cost rule refuses a holder version when the client holds
+commits introduced after it; the plan it refused is sent only when `git
+rev-list --objects WANTS --not HAVES` lists every object of its packs. A
+client that holds an unrelated later commit gets the plan. One that holds a
+rewrite of the holder's commit (the same tree), merged into the wanted
+commit, gets git's answer: git's walk meets the rewrite beside the holder's
+commit and leaves out its tree, which the holder's pack would send again."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from aspen_cgi import plancheck
+from aspen_cgi.planner.plan import Fallback, Plan, plan
+from aspen_cgi.protocol.requests import FetchRequest
+from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.refstore.store import RefStore
+
+from . import harness as h
+from . import pushkit as pk
+
+CAPS = ["multi_ack_detailed", "thin-pack", "side-band-64k", "ofs-delta", "agent=git/2.39"]
+
+
+def _built(repo: Path) -> RefStore:
+    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    store.sync()
+    store.build_packs()
+    return store
+
+
+def _advertised(repo: Path) -> frozenset[str]:
+    return frozenset(h.refs_of(str(repo)).values())
+
+
+def _history(root: Path, server, tmp_path: Path, rewrite: bool) -> tuple[Path, Path, str, list[str]]:
+    """main m; branch `a` gets a1 (version 2); branch `b` gets b1 (version 3): an
+    unrelated commit, or with REWRITE a1 amended (a1's tree, another message);
+    `a` then gets a2 (version 4): a child of a1, or with REWRITE the merge of
+    a1 and b1. Returns repo, work clone, a2 and the haves of a client that
+    fetched main and b after version 3."""
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    m = h.out("rev-parse", "HEAD", cwd=str(work))
+    h.git("checkout", "-q", "-b", "a", cwd=str(work))
+    (work / "a.txt").write_text("".join(f"a line {i}\n" for i in range(400)))
+    pk.commit(work, "a1")
+    pk.push(work, "origin", "a")
+    if rewrite:
+        h.git("checkout", "-q", "-b", "b", cwd=str(work))
+        h.git("commit", "-q", "--amend", "-m", "a1 again", cwd=str(work))
+    else:
+        h.git("checkout", "-q", "-b", "b", m, cwd=str(work))
+        (work / "b.txt").write_text("".join(f"b line {i}\n" for i in range(400)))
+        pk.commit(work, "b1")
+    b1 = h.out("rev-parse", "HEAD", cwd=str(work))
+    pk.push(work, "origin", "b")
+    h.git("checkout", "-q", "a", cwd=str(work))
+    if rewrite:      # git's walk meets b1 beside a1: b1's tree (a1's) is not sent
+        h.git("merge", "-q", "--no-ff", "-m", "a2", "b", cwd=str(work))
+        a2 = h.out("rev-parse", "HEAD", cwd=str(work))
+    else:
+        (work / "a2.txt").write_text("a2\n")
+        a2 = pk.commit(work, "a2")
+    pk.push(work, "origin", "a")
+    return repo, work, a2, sorted({m, b1})
+
+
+def _refused(repo: Path, a2: str, haves: list[str]) -> tuple[RefStore, Fallback]:
+    store = _built(repo)
+    req = FetchRequest(version=2, wants=[a2], haves=haves, capabilities=CAPS, done=True)
+    got = plan(req, StoreHistory(store), _advertised(repo))
+    assert isinstance(got, Fallback) and (got.reason, got.detail) == ("haves-not-proved", "held"), got
+    assert isinstance(got.candidate, Plan) and len(got.candidate.versions) == 2, got
+    return store, got
+
+
+def test_a_candidate_without_objects_the_client_has_passes_and_completes_it(root, server, tmp_path):
+    repo, _, a2, haves = _history(root, server, tmp_path, rewrite=False)
+    store, refused = _refused(repo, a2, haves)
+    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.packs, [a2], haves,
+                              {}, True)
+    assert verdict.ok and verdict.objects > 0, verdict
+    client = tmp_path / "client.git"
+    h.git("init", "-q", "--bare", str(client))
+    h.git("fetch", "-q", str(repo), *[f"{x}:refs/have/{i}" for i, x in enumerate(haves)], cwd=str(client))
+    for name in refused.candidate.packs:
+        if name:
+            with open(os.path.join(store.packs_dir, f"pack-{name}.pack"), "rb") as f:
+                h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=f.read())
+    h.git("update-ref", "refs/heads/a", a2, cwd=str(client))
+    h.fsck_strict(str(client))
+
+
+def test_a_candidate_resending_a_rewritten_tree_is_refused(root, server, tmp_path):
+    repo, _, a2, haves = _history(root, server, tmp_path, rewrite=True)
+    store, refused = _refused(repo, a2, haves)
+    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.packs, [a2], haves,
+                              {}, True)
+    assert (verdict.ok, verdict.why) == (False, "overlap"), verdict
+
+
+def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_goes_to_git(root, server_factory, tmp_path):
+    for rewrite in (False, True):
+        where = tmp_path / ("rewrite" if rewrite else "fresh")
+        r = where / "root"
+        r.mkdir(parents=True)
+        os.system(f"cp -a {root}/repo.git {r}/repo.git")
+        server = server_factory(r, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off")
+        repo, _, a2, _ = _history(r, server, where, rewrite)
+        _built(repo)
+        client = where / "client.git"
+        h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags",
+              server.url + "/repo.git", str(client))
+        h.git("fetch", "-q", "origin", "+refs/heads/b:refs/heads/b", cwd=str(client))   # before a2: b1 only
+        h.git("-c", "protocol.version=2", "fetch", "-q", "origin", "+refs/heads/a:refs/heads/a", cwd=str(client))
+        h.fsck_strict(str(client))
+        assert h.out("rev-parse", "refs/heads/a", cwd=str(client)) == a2
+        last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
+        if rewrite:
+            assert "plan=fallback" in last and "checked=overlap" in last, last
+        else:
+            assert "plan=planned" in last and "checked=ok" in last, last
