@@ -147,8 +147,10 @@ def test_an_open_round_not_proved_is_stocks_bytes(version, branchy):
 @pytest.mark.parametrize("shape", ["unknown-have", "done"])
 def test_rounds_with_unknown_haves_or_not_proved_go_to_git(shape, version, branchy):
     """A round with a have Aspen does not know (v0: any round; v2: one that
-    is not proved), or a `done` round not proved (x1's version moved two
-    refs: nothing below it is proved): git answers, as stock."""
+    is not proved): git answers, as stock. A `done` round not proved (x1's
+    version moved two refs: nothing below it is proved) is planned once git's
+    object walk lists every object of the refused plan (plancheck.py): the
+    client gets the objects stock sends."""
     if shape == "done":
         haves = [branchy.rev("x1")]
     else:
@@ -158,26 +160,32 @@ def test_rounds_with_unknown_haves_or_not_proved_go_to_git(shape, version, branc
     body = _v2_fetch(want, haves, done) if version == 2 else d.v0_request(want, haves, caps=CAPS, done=done)
     a, s = branchy.post("aspen", body, version), branchy.post("stock", body, version)
     why = "unknown-have" if version == 0 and shape == "unknown-have" else "haves-not-proved"
-    assert f"plan=fallback why={why}" in _posts(a.stderr.decode(errors="replace"))[-1]
+    line = _posts(a.stderr.decode(errors="replace"))[-1]
+    if shape == "done":
+        assert "plan=planned" in line and "checked=ok" in line, line
+    else:
+        assert f"plan=fallback why={why}" in line, line
     ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
     assert (ra.control, ra.objects, ra.error) == (rs.control, rs.objects, rs.error)
 
 
 @pytest.mark.parametrize("version", [0, 2])
-def test_a_done_round_whose_proof_would_resend_held_objects_goes_to_git(version, branchy, tmp_path):
+def test_a_done_round_whose_proof_needs_held_versions_is_checked_against_git(version, branchy, tmp_path):
     """The client's `done` round: only branch tips
     (their ancestors, the stale main among them, are never sent). Proving
     main's boundary would pull in main's earlier versions, which the client
-    saw (they are no newer than its haves) and holds through the branches'
-    ancestry: their packs would send it again what it has (the cost rule:
-    in the bench's lagging-clients such plans carried 1.7x to 2.9x stock's
-    bytes). So git answers, with exactly stock's objects."""
+    saw (they are no newer than its haves): the cost rule refuses them, since
+    their packs may send it again what it has (in the bench's
+    lagging-clients such plans carried 1.7x to 2.9x stock's bytes). The
+    refused plan is checked against git's object walk for the same request
+    (plancheck.py): here it lists every object of those packs, so the plan
+    is sent, with exactly stock's objects."""
     haves = _branch_tips(branchy)
     want = [branchy.rev("main")]
     body = _v2_fetch(want, haves, done=True) if version == 2 else d.v0_request(want, haves, caps=CAPS, done=True)
     a, s = branchy.post("aspen", body, version), branchy.post("stock", body, version)
     line = _posts(a.stderr.decode(errors="replace"))[-1]
-    assert "plan=fallback why=haves-not-proved" in line, line
+    assert "plan=planned" in line and "checked=ok" in line, line
     ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
     assert ra.control == rs.control and not ra.error
     assert ra.objects == rs.objects
