@@ -14,8 +14,9 @@ In a round that does not end the negotiation (no `done`), stock packs that
 list only when it is ready to (upload-pack's ok_to_give_up: every want
 reaches a commit the client said it has); otherwise it would go on and
 might learn of more that the client has. So there the candidate is sent
-only when each want reaches a have through commits the client lacks
-(`rev-list --parents`), which makes stock ready too.
+only when stock would be ready too: each want reaches a have or a have's
+parent, walking commits no older than the oldest have (`rev-list
+--timestamp` and `--max-age`), as ok_to_give_up walks.
 
 Bounded: a candidate of more than MAX_OBJECTS objects, a listing longer
 than that, or a walk over TIMEOUT_S seconds is not checked (git answers)."""
@@ -72,25 +73,37 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
 
 
 def _stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], haves: Sequence[str]) -> bool:
-    """Every one of WANTS (commits) reaches one of HAVES through commits
-    outside the haves' closure."""
-    have = set(haves)
-    res = _rev_list(gitdir, env, ["--parents"], wants, haves)
-    if res is None:
+    """Whether stock ends the negotiation in this round (upload-pack's
+    ok_to_give_up): each of WANTS that is a commit reaches a commit the
+    client has, or a parent of one (THEY_HAVE), walking commits no older
+    than the oldest have."""
+    listed = _rev_list(gitdir, env, ["--no-walk", "--timestamp", "--parents"], list(haves), [])
+    if listed is None:
+        return False
+    they_have: set[str] = set()
+    oldest = None
+    for line in listed.decode().splitlines():
+        stamp, *ids = line.split()
+        they_have.update(ids)
+        oldest = int(stamp) if oldest is None else min(oldest, int(stamp))
+    if oldest is None:
+        return False
+    graph = _rev_list(gitdir, env, [f"--max-age={oldest}", "--parents"], list(wants), [])
+    if graph is None:
         return False
     parents: dict[str, list[str]] = {}
-    for line in res.decode().splitlines():
+    for line in graph.decode().splitlines():
         ids = line.split()
         parents[ids[0]] = ids[1:]
     for w in wants:
-        if w in have:
-            continue
         if w not in parents:
-            return False
-        stack, seen, found = [w], {w}, False
+            if w in they_have:
+                continue
+            return False          # not a commit, or older than every have: not known to reach one
+        stack, seen, found = [w], {w}, w in they_have
         while stack and not found:
             for p in parents[stack.pop()]:
-                if p in have:
+                if p in they_have:
                     found = True
                     break
                 if p in parents and p not in seen:
