@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -59,28 +60,62 @@ def loose_value(path: str) -> Optional[DiskRef]:
     return None
 
 
+STABLE_NS = 2_000_000_000     # fingerprint.COARSE_RACY_NS: a listing older than this is kept
+_MISSING, _BROKEN = "missing", "broken"
+_CACHE_MAX = 20_000           # directories
+# directory path -> (stat key, [(ref name, value or _BROKEN/_MISSING)], [(subdir name, path)])
+_dirs: dict[str, tuple[tuple[int, int, int], list, list]] = {}
+
+
 def read_all(gitdir: str) -> dict[str, DiskRef]:
-    """Every ref under refs/ as git's files backend resolves names (no peeling)."""
+    """Every ref under refs/ as git's files backend resolves names (no peeling).
+
+    Git writes a loose ref by renaming its lock file into place, which
+    changes the directory's modification time: a directory whose stat is
+    unchanged since a listing at least STABLE_NS old is not read again (a
+    repository of 955 loose tags had every push's sync read them all)."""
     refs = read_packed(gitdir)
-    root = os.path.join(gitdir, "refs")
-    stack = [("refs", root)]
+    for full, value in _loose(os.path.join(gitdir, "refs"), "refs"):
+        if isinstance(value, DiskRef):
+            refs[full] = value
+        elif value == _BROKEN:
+            refs.pop(full, None)     # a broken loose ref hides its packed value
+    return refs
+
+
+def _loose(root: str, prefix: str):
+    if len(_dirs) > _CACHE_MAX:
+        _dirs.clear()
+    stack = [(prefix, root)]
     while stack:
         name, path = stack.pop()
         try:
-            entries = list(os.scandir(path))
+            st = os.stat(path)
         except OSError:
             continue
-        for e in entries:
-            full = f"{name}/{e.name}"
-            if e.is_dir(follow_symlinks=False):
-                stack.append((full, e.path))
-            elif not e.name.endswith(".lock") and check_refname_format(full):
-                value = loose_value(e.path)
-                if value is not None:
-                    refs[full] = value
-                elif full in refs and os.path.lexists(e.path):
-                    del refs[full]   # a broken loose ref hides its packed value
-    return refs
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = _dirs.get(path)
+        if cached is not None and cached[0] == key:
+            files, subdirs = cached[1], cached[2]
+        else:
+            listed_at = time.time_ns()
+            try:
+                entries = list(os.scandir(path))
+            except OSError:
+                continue
+            files, subdirs = [], []
+            for e in entries:
+                full = f"{name}/{e.name}"
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append((full, e.path))
+                elif not e.name.endswith(".lock") and check_refname_format(full):
+                    value = loose_value(e.path)
+                    files.append((full, value if value is not None
+                                  else _BROKEN if os.path.lexists(e.path) else _MISSING))
+            if listed_at - st.st_mtime_ns > STABLE_NS:
+                _dirs[path] = (key, files, subdirs)
+        yield from files
+        stack.extend(subdirs)
 
 
 def read_some(gitdir: str, names: Sequence[str]) -> dict[str, DiskRef]:
