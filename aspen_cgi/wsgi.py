@@ -46,6 +46,7 @@ def _settle() -> None:
     from .planner import plan  # noqa: F401
     from .pushflow import Push  # noqa: F401
     from .refstore import history  # noqa: F401
+    from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
     gc.collect()
     gc.freeze()
 
