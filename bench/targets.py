@@ -336,11 +336,11 @@ def _with_netloc(url: str, host: str, port: int) -> str:
     return urllib.parse.urlunsplit(("http", netloc, parts.path.rstrip("/"), "", ""))
 
 
-def _wait_prewarm(mutex: Path, timeout: float) -> None:
-    """Until the import's detached pre-warmer (started when the cache is on)
-    lets go of MUTEX: its CPU is the import's, not the workload's."""
+def wait_prewarm(mutex: Path, timeout: float) -> None:
+    """Until a pre-warmer lets go of MUTEX (its repository's
+    `aspen/cache/prewarm.mutex`), at most TIMEOUT seconds."""
     deadline = time.monotonic() + timeout
-    time.sleep(0.3)                         # the detached pre-warmer takes the lock as it starts
+    time.sleep(0.3)                         # a pre-warmer takes the lock as it starts
     while time.monotonic() < deadline:
         try:
             fd = os.open(mutex, os.O_RDONLY)
@@ -396,7 +396,8 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
                                cwd=str(PROJECT), stdout=subprocess.DEVNULL, env=served)
             if served.get("ASPEN_CACHE", "on").lower() not in ("0", "off", "no", "false"):
                 for gitdir in gitdirs:
-                    _wait_prewarm(gitdir / "aspen" / "cache" / "prewarm.mutex", 900.0)
+                    # the import's detached pre-warmer: its CPU is the import's, not the workload's
+                    wait_prewarm(gitdir / "aspen" / "cache" / "prewarm.mutex", 900.0)
         proc, port, log = _gunicorn(name, "aspen_cgi.wsgi:application", repos, tdir,
                                     {**extra, **(env or {})}, workers, threads, timeout,
                                     unset=("ASPEN_VERSION_PACKS",))

@@ -6,13 +6,11 @@ thread pool (params pool, default K: all submitted at once)."""
 
 from __future__ import annotations
 
-import fcntl
-import os
 import time
 from pathlib import Path
 from typing import Optional
 
-from .. import gitclient, stats
+from .. import gitclient, stats, targets
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
 from .common import (ServerUsage, Wire, copy_client, first_failure, ordered, quiet_repo, report, repo_url,
@@ -57,21 +55,8 @@ def wait_prewarm(ctx: WorkloadContext, t: TargetInfo, timeout: float = 120.0) ->
     before CI jobs arrive: the storm's server CPU is the storm's own."""
     if getattr(t, "plan_log", None) is None or t.root is None:
         return None
-    path = Path(t.root) / ctx.repo / "aspen" / "cache" / "prewarm.mutex"
     start = time.monotonic()
-    time.sleep(0.3)                     # the pre-warm thread starts as the push's response ends
-    while time.monotonic() - start < timeout:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            break
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            break
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            os.close(fd)
+    targets.wait_prewarm(Path(t.root) / ctx.repo / "aspen" / "cache" / "prewarm.mutex", timeout)
     return round((time.monotonic() - start) * 1000, 1)
 
 
