@@ -15,8 +15,8 @@ list only when it is ready to (upload-pack's ok_to_give_up: every want
 reaches a commit the client said it has); otherwise it would go on and
 might learn of more that the client has. So there the candidate is sent
 only when stock would be ready too: each want reaches a have or a have's
-parent, walking commits no older than the oldest have (`rev-list
---timestamp` and `--max-age`), as ok_to_give_up walks.
+parent, walking commits no older than the oldest have, as ok_to_give_up
+walks (the commits read through one `cat-file --batch`).
 
 Bounded: a candidate of more than MAX_OBJECTS objects, a listing longer
 than that, or a walk over TIMEOUT_S seconds is not checked (git answers)."""
@@ -31,6 +31,7 @@ from . import gitexec
 from .packs.packfile import PackError, PackIndex
 
 MAX_OBJECTS = 200_000
+MAX_WALK = 20_000         # commits read to decide whether stock would be ready
 TIMEOUT_S = 10.0
 
 
@@ -76,42 +77,87 @@ def _stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], have
     """Whether stock ends the negotiation in this round (upload-pack's
     ok_to_give_up): each of WANTS that is a commit reaches a commit the
     client has, or a parent of one (THEY_HAVE), walking commits no older
-    than the oldest have."""
-    listed = _rev_list(gitdir, env, ["--no-walk", "--timestamp", "--parents"], list(haves), [])
-    if listed is None:
-        return False
-    they_have: set[str] = set()
-    oldest = None
-    for line in listed.decode().splitlines():
-        stamp, *ids = line.split()
-        they_have.update(ids)
-        oldest = int(stamp) if oldest is None else min(oldest, int(stamp))
-    if oldest is None:
-        return False
-    graph = _rev_list(gitdir, env, [f"--max-age={oldest}", "--parents"], list(wants), [])
-    if graph is None:
-        return False
-    parents: dict[str, list[str]] = {}
-    for line in graph.decode().splitlines():
-        ids = line.split()
-        parents[ids[0]] = ids[1:]
-    for w in wants:
-        if w not in parents:
-            if w in they_have:
-                continue
-            return False          # not a commit, or older than every have: not known to reach one
-        stack, seen, found = [w], {w}, w in they_have
-        while stack and not found:
-            for p in parents[stack.pop()]:
-                if p in they_have:
-                    found = True
-                    break
-                if p in parents and p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        if not found:
+    than the oldest have. The commits are read from one `git cat-file
+    --batch` (one process, not a walk per question)."""
+    reader = _Commits(gitdir, env)
+    try:
+        they_have: set[str] = set()
+        oldest = None
+        for h in dict.fromkeys(haves):
+            got = reader.read(h)
+            if got is not None:
+                they_have.add(h)
+                they_have.update(got[1])
+                oldest = got[0] if oldest is None else min(oldest, got[0])
+        if oldest is None:
             return False
-    return True
+        read = 0
+        for w in wants:
+            got = reader.read(w)
+            if got is None:
+                return False                  # not a commit: not known to reach one
+            stack, seen, found = [(w, got)], {w}, w in they_have
+            while stack and not found:
+                _, (_, parents) = stack.pop()
+                for p in parents:
+                    if p in they_have:
+                        found = True
+                        break
+                    if p in seen:
+                        continue
+                    seen.add(p)
+                    parent = reader.read(p)
+                    read += 1
+                    if read > MAX_WALK:
+                        return False
+                    if parent is not None and parent[0] >= oldest:
+                        stack.append((p, parent))
+            if not found:
+                return False
+        return True
+    finally:
+        reader.close()
+
+
+class _Commits:
+    """Commits read through one `git cat-file --batch`: (committer time, parents)."""
+
+    def __init__(self, gitdir: str, env: Mapping[str, str]):
+        self.proc = gitexec.start(["cat-file", "--batch"], cwd=gitdir, env=gitexec.child_env(env, GIT_DIR="."),
+                                  stderr=gitexec.DEVNULL)
+
+    def read(self, oid: str) -> Optional[tuple[int, list[str]]]:
+        """OID's committer time and parents; None when it is no commit here."""
+        try:
+            self.proc.stdin.write(oid.encode() + b"\n")
+            self.proc.stdin.flush()
+            header = self.proc.stdout.readline().split()
+            if len(header) != 3:
+                return None
+            body = self.proc.stdout.read(int(header[2]) + 1)
+        except (OSError, ValueError):
+            return None
+        if header[1] != b"commit":
+            return None
+        parents, when = [], 0
+        for line in body.split(b"\n\n", 1)[0].split(b"\n"):
+            if line.startswith(b"parent "):
+                parents.append(line[7:].decode())
+            elif line.startswith(b"committer "):
+                when = int(line.rsplit(b" ", 2)[-2])
+        return when, parents
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()         # cat-file ends at the end of its input
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except gitexec.Timeout:
+            gitexec.kill(self.proc)
+            self.proc.wait()
+        self.proc.stdout.close()
 
 
 def _rev_list(gitdir: str, env: Mapping[str, str], options: Sequence[str], wants: Sequence[str],

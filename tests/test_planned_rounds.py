@@ -261,3 +261,26 @@ def test_an_annotated_tag_on_a_commit_the_client_has_is_sent(branchy):
     body = _v2_fetch([tag], [branchy.rev("main")], done=True)
     ra = _answer_like_stock(branchy, body, 2, "plan=")
     assert tag in ra.objects
+
+
+def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
+    """plancheck's readiness (upload-pack's ok_to_give_up, from one cat-file
+    walk) against stock's own answer to open v2 rounds: `ready` or not."""
+    import os
+    from aspen_cgi import plancheck
+    main, stale, root = branchy.rev("main"), branchy.rev("main~2"), branchy.rev("main~3")
+    rounds = [([main], [stale]),                       # main reaches stale: ready
+              ([main], _branch_tips(branchy, 3)),      # branch tips beside main: main reaches none
+              ([main], [branchy.rev("x1")]),
+              ([main], [root]),                        # the root's parents: none; main reaches it
+              ([branchy.rev("b3")], [main]),           # b3 is below no have
+              ([main, branchy.rev("x2")], [stale, branchy.rev("x1")]),
+              ([main], ["1" * 40])]                    # unknown have: no THEY_HAVE at all
+    seen = set()
+    for wants, haves in rounds:
+        s = branchy.post("stock", _v2_fetch(wants, haves), 2)
+        stock_ready = b"ready\n" in s.body
+        ours = plancheck._stock_ready(str(branchy.repo), dict(os.environ), wants, haves)
+        assert ours == stock_ready, (wants, haves, s.body[:200])
+        seen.add(ours)
+    assert seen == {True, False}
