@@ -44,13 +44,16 @@ class Check:
 
 def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[str], wants: Sequence[str],
           haves: Sequence[str], tags: Mapping[str, str], include_tag: bool, done: bool = True,
-          indexes: Optional[dict] = None) -> Check:
+          indexes: Optional[dict] = None, history=None) -> Check:
     """Whether the packs named PACKS hold only objects stock's answer to
     WANTS and HAVES holds; TAGS: annotated tag -> its peeled object; DONE:
     the round ends the negotiation. INDEXES: pack name -> loaded PackIndex,
-    kept for the splice."""
+    kept for the splice. HISTORY (the planner's): the commit parents the
+    ref store recorded, which rule out most rounds stock would not end
+    before git is asked."""
     indexes = indexes if indexes is not None else {}
-    if not done and not _stock_ready(gitdir, env, [tags.get(w, w) for w in wants], haves):
+    peeled = [tags.get(w, w) for w in wants]
+    if not done and (not _may_be_ready(history, peeled, haves) or not _stock_ready(gitdir, env, peeled, haves)):
         return Check(False, "not-ready")
     names = [n for n in packs if n]
     try:
@@ -71,6 +74,35 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
         if not all(o in listed for o in indexes[n].oids):
             return Check(False, "overlap", total)
     return Check(True, "", total)
+
+
+def _may_be_ready(history, wants: Sequence[str], haves: Sequence[str]) -> bool:
+    """False when, by the commit parents the ref store recorded, some want
+    reaches no have nor a have's parent at all (then stock is not ready,
+    whatever the dates); True otherwise, or when the walk is too long or
+    there is no HISTORY to ask."""
+    if history is None:
+        return True
+    they_have = set(haves)
+    for ps in (facts[1] for facts in history.commit_facts(list(haves)).values()):
+        they_have.update(ps)
+    for w in wants:
+        frontier, seen, found, read = [w], {w}, w in they_have, 0
+        while frontier and not found:
+            read += len(frontier)
+            if read > MAX_WALK:
+                return True
+            nxt: list[str] = []
+            for _, parents in history.commit_facts(frontier).values():
+                if they_have.intersection(parents):
+                    found = True
+                    break
+                nxt += [p for p in parents if p not in seen]
+                seen.update(parents)
+            frontier = nxt
+        if not found:
+            return False
+    return True
 
 
 def _stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], haves: Sequence[str]) -> bool:

@@ -472,7 +472,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
     snap = _snapshot(ctx)
     verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, refused.candidate.packs, req.wants, req.haves,
                               _annotated_tags(ctx, snap), req.has_capability("include-tag"), req.done,
-                              history.indexes)
+                              history.indexes, history)
     ctx.trace.update(checked=verdict.why or "ok", check_us=round((time.perf_counter() - t0) * 1e6))
     return refused.candidate if verdict.ok else refused
 

@@ -265,7 +265,9 @@ def test_an_annotated_tag_on_a_commit_the_client_has_is_sent(branchy):
 
 def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
     """plancheck's readiness (upload-pack's ok_to_give_up, from one cat-file
-    walk) against stock's own answer to open v2 rounds: `ready` or not."""
+    walk) against stock's own answer to open v2 rounds: `ready` or not; and
+    the ref store's recorded parents, asked first, never rule out a round
+    stock ends."""
     import os
     from aspen_cgi import plancheck
     main, stale, root = branchy.rev("main"), branchy.rev("main~2"), branchy.rev("main~3")
@@ -276,11 +278,19 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
               ([branchy.rev("b3")], [main]),           # b3 is below no have
               ([main, branchy.rev("x2")], [stale, branchy.rev("x1")]),
               ([main], ["1" * 40])]                    # unknown have: no THEY_HAVE at all
-    seen = set()
+    from aspen_cgi.refstore.history import StoreHistory
+    from aspen_cgi.refstore.store import RefStore
+    store = RefStore.open(str(branchy.repo), dict(os.environ, GIT_DIR=str(branchy.repo)))
+    store.sync()
+    seen, pruned = set(), 0
     for wants, haves in rounds:
         s = branchy.post("stock", _v2_fetch(wants, haves), 2)
         stock_ready = b"ready\n" in s.body
         ours = plancheck._stock_ready(str(branchy.repo), dict(os.environ), wants, haves)
         assert ours == stock_ready, (wants, haves, s.body[:200])
         seen.add(ours)
-    assert seen == {True, False}
+        # the store's parents alone never rule out a round stock ends, and rule out some it does not
+        may = plancheck._may_be_ready(StoreHistory(store), wants, haves)
+        assert may or not stock_ready, (wants, haves)
+        pruned += not may
+    assert seen == {True, False} and pruned >= 2
