@@ -247,7 +247,7 @@ def _candidate(req: FetchRequest, tags: Mapping[str, str], walk: "_Walk",
     walk.work.extend(sorted(walk.needed))       # an early stop may have left boundaries unvisited
     why = (walk.discharge() or _include_tags(req, tags, walk)
            or (walk.invisible(visible) if visible is not None else None))
-    if why or 1 in walk.needed:
+    if why or 1 in walk.needed or walk.resends_a_have():
         return None
     return walk.plan()
 
@@ -455,13 +455,19 @@ class _Walk:
         state = self.client_state()
         if any(v <= state and not self.holds_none(v) for v in self.held_for):
             return UNPROVED
+        return UNPROVED if self.resends_a_have() else None
+
+    def resends_a_have(self) -> bool:
+        """A needed version introduced a commit the client has: a have, one
+        below a have the walk found, or a have that is no ref value (then its
+        pack holds that commit; git's walk never sends it)."""
         if self.needed & (self.inside_haves() | self.graph.holders):
-            return UNPROVED
+            return True
         for v in sorted(self.needed):
             self.count.visit((v,))
             if not self.haves.isdisjoint(self.history.introduced_commits(v)):
-                return UNPROVED
-        return None
+                return True
+        return False
 
     def inside_haves(self) -> set[int]:
         """The versions that introduced a have which is no version's ref value
