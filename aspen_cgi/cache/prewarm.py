@@ -13,10 +13,10 @@ Only where clients clone that way: a push starts a pre-warmer when a
 client asked the repository for a depth-1 clone in the last
 ASPEN_PREWARM_DEMAND_S seconds (default a day; `note_demand()` touches
 DEMAND_FILE in its state directory, at most once a minute). A wide depth-1
-answer of git.git costs about 20 s of CPU: pre-warming it after every push
-to a repository nobody clones so pinned a core during a push burst
-(push-history on git.git, 40 pushes: 2 pre-warms, 40 s of CPU, against
-6.6 s for the pushes themselves). `aspen import` pre-warms once, demand or not.
+answer of git.git costs about 20 s of CPU (the import's pre-warm of its two
+requests took 40 s), and with the cache on, as by default, every push to
+HEAD's branch started a pre-warmer, whether anyone cloned that way or not.
+`aspen import` pre-warms once, demand or not.
 Runs in a thread of a long-lived server, or as `python -m
 aspen_cgi.cache.prewarm` started detached by a CGI push, at niceness 10.
 
