@@ -192,29 +192,22 @@ class _Commits:
         self.proc.stdout.close()
 
 
-def _rev_list(gitdir: str, env: Mapping[str, str], options: Sequence[str], wants: Sequence[str],
-              haves: Sequence[str]) -> Optional[bytes]:
-    """`git rev-list OPTIONS WANTS --not HAVES` (haves this repository lacks
-    left out, as stock ignores them); None when git fails or takes too long."""
+def _stock_objects(gitdir: str, env: Mapping[str, str], wants: Sequence[str],
+                   haves: Sequence[str]) -> Optional[set[bytes]]:
+    """The objects `rev-list --objects WANTS --not HAVES` lists (haves this
+    repository lacks left out, as stock ignores them); None when git fails,
+    takes too long, or the list is too long."""
     lines = list(wants) + [f"^{h}" for h in haves]
     try:
-        res = gitexec.git(["rev-list", *options, "--ignore-missing", "--stdin"], cwd=gitdir,
+        res = gitexec.git(["rev-list", "--objects", "--ignore-missing", "--stdin"], cwd=gitdir,
                           env=gitexec.child_env(env, GIT_DIR="."), input=("\n".join(lines) + "\n").encode(),
                           timeout=TIMEOUT_S)
     except gitexec.Timeout:
         return None
-    return res.stdout if res.ok else None
-
-
-def _stock_objects(gitdir: str, env: Mapping[str, str], wants: Sequence[str],
-                   haves: Sequence[str]) -> Optional[set[bytes]]:
-    """The objects `rev-list --objects` lists for WANTS less HAVES; None when
-    git fails or the list is too long."""
-    listing = _rev_list(gitdir, env, ["--objects"], wants, haves)
-    if listing is None:
+    if not res.ok:
         return None
     out: set[bytes] = set()
-    for line in listing.splitlines():
+    for line in res.stdout.splitlines():
         out.add(bytes.fromhex(line.split(b" ", 1)[0].decode()))
         if len(out) > MAX_OBJECTS:
             return None

@@ -243,6 +243,8 @@ def _candidate(req: FetchRequest, tags: Mapping[str, str], walk: "_Walk",
     import version or another reason refuses it. It is complete, but may
     send objects the client has: the caller checks it against git's own
     object walk before it is sent (plancheck.py)."""
+    if walk.resends_a_have():                   # it only grows with the walk: refused already
+        return None
     walk.hold_rule = False
     walk.work.extend(sorted(walk.needed))       # an early stop may have left boundaries unvisited
     why = (walk.discharge() or _include_tags(req, tags, walk)

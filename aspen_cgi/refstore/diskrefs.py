@@ -61,9 +61,9 @@ def loose_value(path: str) -> Optional[DiskRef]:
 
 
 STABLE_NS = 2_000_000_000     # fingerprint.COARSE_RACY_NS: a listing older than this is kept
-_MISSING, _BROKEN = "missing", "broken"
+_BROKEN = "broken"
 _CACHE_MAX = 20_000           # directories
-# directory path -> (stat key, [(ref name, value or _BROKEN/_MISSING)], [(subdir name, path)])
+# directory path -> (stat key, [(ref name, value or _BROKEN)], [(subdir name, path)])
 _dirs: dict[str, tuple[tuple[int, int, int], list, list]] = {}
 
 
@@ -76,10 +76,10 @@ def read_all(gitdir: str) -> dict[str, DiskRef]:
     repository of 955 loose tags had every push's sync read them all)."""
     refs = read_packed(gitdir)
     for full, value in _loose(os.path.join(gitdir, "refs"), "refs"):
-        if isinstance(value, DiskRef):
-            refs[full] = value
-        elif value == _BROKEN:
+        if value == _BROKEN:
             refs.pop(full, None)     # a broken loose ref hides its packed value
+        else:
+            refs[full] = value
     return refs
 
 
@@ -110,8 +110,8 @@ def _loose(root: str, prefix: str):
                     subdirs.append((full, e.path))
                 elif not e.name.endswith(".lock") and check_refname_format(full):
                     value = loose_value(e.path)
-                    files.append((full, value if value is not None
-                                  else _BROKEN if os.path.lexists(e.path) else _MISSING))
+                    if value is not None or os.path.lexists(e.path):     # else gone since the listing
+                        files.append((full, value if value is not None else _BROKEN))
             if listed_at - st.st_mtime_ns > STABLE_NS:
                 _dirs[path] = (key, files, subdirs)
         yield from files
