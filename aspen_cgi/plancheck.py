@@ -44,16 +44,14 @@ class Check:
 
 def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[str], wants: Sequence[str],
           haves: Sequence[str], tags: Mapping[str, str], include_tag: bool, done: bool = True,
-          indexes: Optional[dict] = None, history=None) -> Check:
+          indexes: Optional[dict] = None) -> Check:
     """Whether the packs named PACKS hold only objects stock's answer to
     WANTS and HAVES holds; TAGS: annotated tag -> its peeled object; DONE:
-    the round ends the negotiation. INDEXES: pack name -> loaded PackIndex,
-    kept for the splice. HISTORY (the planner's): the commit parents the
-    ref store recorded, which rule out most rounds stock would not end
-    before git is asked."""
+    the round ends the negotiation (when not, the caller asked
+    may_be_ready() first). INDEXES: pack name -> loaded PackIndex, kept for
+    the splice."""
     indexes = indexes if indexes is not None else {}
-    peeled = [tags.get(w, w) for w in wants]
-    if not done and (not _may_be_ready(history, peeled, haves) or not _stock_ready(gitdir, env, peeled, haves)):
+    if not done and not _stock_ready(gitdir, env, [tags.get(w, w) for w in wants], haves):
         return Check(False, "not-ready")
     names = [n for n in packs if n]
     try:
@@ -76,13 +74,13 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
     return Check(True, "", total)
 
 
-def _may_be_ready(history, wants: Sequence[str], haves: Sequence[str]) -> bool:
-    """False when, by the commit parents the ref store recorded, some want
-    reaches no have nor a have's parent at all (then stock is not ready,
-    whatever the dates); True otherwise, or when the walk is too long or
-    there is no HISTORY to ask."""
-    if history is None:
-        return True
+def may_be_ready(history, wants: Sequence[str], haves: Sequence[str], tags: Mapping[str, str]) -> bool:
+    """False when, by the commit parents the ref store recorded (HISTORY,
+    the planner's), some of WANTS (peeled by TAGS) reaches no have nor a
+    have's parent at all: then stock is not ready in this round, whatever
+    the dates, and git need not be asked. True otherwise, or when the walk
+    is too long."""
+    wants = [tags.get(w, w) for w in wants]
     they_have = set(haves)
     for ps in (facts[1] for facts in history.commit_facts(list(haves)).values()):
         they_have.update(ps)

@@ -466,15 +466,26 @@ def _plan(ctx, req: FetchRequest, history):
 def _checked(ctx, req: FetchRequest, store, history, refused):
     """The refused plan's candidate when git's object walk for the request
     lists every object of its packs and stock would pack that walk in this
-    round (plancheck.py), else the fallback."""
+    round (plancheck.py), else the fallback. The candidate is walked only
+    after the store's recorded parents leave stock ready (its walk counts
+    as planning time)."""
     from . import plancheck
     t0 = time.perf_counter()
-    snap = _snapshot(ctx)
-    verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, refused.candidate.packs, req.wants, req.haves,
-                              _annotated_tags(ctx, snap), req.has_capability("include-tag"), req.done,
-                              history.indexes, history)
-    ctx.trace.update(checked=verdict.why or "ok", check_us=round((time.perf_counter() - t0) * 1e6))
-    return refused.candidate if verdict.ok else refused
+    tags = _annotated_tags(ctx, _snapshot(ctx))
+    if not req.done and not plancheck.may_be_ready(history, req.wants, req.haves, tags):
+        ctx.trace.update(checked="not-ready", check_us=round((time.perf_counter() - t0) * 1e6))
+        return refused
+    t1 = time.perf_counter()
+    candidate = refused.candidate.plan()
+    walked = time.perf_counter() - t1
+    ctx.trace["plan_us"] = ctx.trace.get("plan_us", 0) + round(walked * 1e6)
+    if candidate is None:
+        return refused
+    verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, candidate.packs, req.wants, req.haves, tags,
+                              req.has_capability("include-tag"), req.done, history.indexes)
+    ctx.trace.update(checked=verdict.why or "ok",
+                     check_us=round((time.perf_counter() - t0 - walked) * 1e6))
+    return candidate if verdict.ok else refused
 
 
 def _visibility(ctx, snap: RefSnapshot):

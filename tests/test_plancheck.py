@@ -75,20 +75,22 @@ def _refused(repo: Path, a2: str, haves: list[str]) -> tuple[RefStore, Fallback]
     req = FetchRequest(version=2, wants=[a2], haves=haves, capabilities=CAPS, done=True)
     got = plan(req, StoreHistory(store), _advertised(repo))
     assert isinstance(got, Fallback) and (got.reason, got.detail) == ("haves-not-proved", "held"), got
-    assert isinstance(got.candidate, Plan) and len(got.candidate.versions) == 2, got
+    assert got.candidate is not None, got
+    candidate = got.candidate.plan()
+    assert isinstance(candidate, Plan) and len(candidate.versions) == 2, got
     return store, got
 
 
 def test_a_candidate_without_objects_the_client_has_passes_and_completes_it(root, server, tmp_path):
     repo, _, a2, haves = _history(root, server, tmp_path, rewrite=False)
     store, refused = _refused(repo, a2, haves)
-    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.packs, [a2], haves,
+    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.plan().packs, [a2], haves,
                               {}, True)
     assert verdict.ok and verdict.objects > 0, verdict
     client = tmp_path / "client.git"
     h.git("init", "-q", "--bare", str(client))
     h.git("fetch", "-q", str(repo), *[f"{x}:refs/have/{i}" for i, x in enumerate(haves)], cwd=str(client))
-    for name in refused.candidate.packs:
+    for name in refused.candidate.plan().packs:
         if name:
             with open(os.path.join(store.packs_dir, f"pack-{name}.pack"), "rb") as f:
                 h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=f.read())
@@ -99,7 +101,7 @@ def test_a_candidate_without_objects_the_client_has_passes_and_completes_it(root
 def test_a_candidate_resending_a_rewritten_tree_is_refused(root, server, tmp_path):
     repo, _, a2, haves = _history(root, server, tmp_path, rewrite=True)
     store, refused = _refused(repo, a2, haves)
-    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.packs, [a2], haves,
+    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.plan().packs, [a2], haves,
                               {}, True)
     assert (verdict.ok, verdict.why) == (False, "overlap"), verdict
 

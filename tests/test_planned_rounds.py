@@ -290,7 +290,7 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
         assert ours == stock_ready, (wants, haves, s.body[:200])
         seen.add(ours)
         # the store's parents alone never rule out a round stock ends, and rule out some it does not
-        may = plancheck._may_be_ready(StoreHistory(store), wants, haves)
+        may = plancheck.may_be_ready(StoreHistory(store), wants, haves, {})
         assert may or not stock_ready, (wants, haves)
         pruned += not may
     assert seen == {True, False} and pruned >= 2

@@ -72,9 +72,9 @@ else EXTRA_OBJECTS; and, when some refs are hidden from the client
 (hideRefs, a namespace), no needed version wrote one (INVISIBLE_REF).
 
 Candidates: a fallback for the cost rule (UNPROVED "held") or for
-EXTRA_OBJECTS carries the plan it refused, when one exists without the
-import version: complete, but its packs may hold objects the client has or
-stock would not send. The service sends it only once git's own object walk
+EXTRA_OBJECTS carries the plan it refused (walked when first asked for),
+when one exists without the import version: complete, but its packs may
+hold objects the client has or stock would not send. The service sends it only once git's own object walk
 for the same wants and haves (`rev-list --objects`, plancheck.py) lists
 every object of its packs: then the client ends with exactly stock's
 objects, and no object twice.
@@ -153,6 +153,21 @@ class Plan:
         return tuple(zip(self.firsts or self.versions, self.versions))
 
 
+class Candidate:
+    """The plan the cost rule or exactness refused (module docstring), walked
+    when first asked for: the service first rules out the rounds stock would
+    not end, where it is never sent. None: no such plan."""
+
+    def __init__(self, make: Callable[[], Optional[Plan]]):
+        self._make: Optional[Callable[[], Optional[Plan]]] = make
+        self._plan: Optional[Plan] = None
+
+    def plan(self) -> Optional[Plan]:
+        if self._make is not None:
+            self._plan, self._make = self._make(), None
+        return self._plan
+
+
 @dataclass(frozen=True)
 class Fallback:
     reason: str
@@ -160,7 +175,7 @@ class Fallback:
     segments_visited: int = 0
     lookups: int = 0
     detail: str = ""          # UNPROVED: "import" (the whole repository needed) or "held" (a holder the client may have)
-    candidate: Optional[Plan] = None   # the plan the cost rule or exactness refused (module docstring)
+    candidate: Optional[Candidate] = None
 
 
 @dataclass
@@ -186,7 +201,7 @@ class _Count:
         have and want among them), counted as a lookup, not as a visit."""
         self.lookups += 1
 
-    def fallback(self, reason: str, detail: str = "", candidate: Optional[Plan] = None) -> Fallback:
+    def fallback(self, reason: str, detail: str = "", candidate: Optional[Candidate] = None) -> Fallback:
         return Fallback(reason, len(self.versions), len(self.segments), self.lookups, detail, candidate)
 
 
@@ -228,11 +243,11 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
     if why == UNPROVED:
         if 1 in walk.needed:
             return count.fallback(why, "import")
-        return count.fallback(why, "held", _candidate(req, tags or {}, walk, visible))
+        return count.fallback(why, "held", Candidate(lambda: _candidate(req, tags or {}, walk, visible)))
     if why == EXTRA_OBJECTS:
         # not for a clone: the import pack holds what later deletes left behind, and the check
         # (a walk of the whole repository, 26-51 ms in random-fetch) then always fails
-        return count.fallback(why, candidate=walk.plan() if req.haves and 1 not in walk.needed else None)
+        return count.fallback(why, candidate=Candidate(walk.plan) if req.haves and 1 not in walk.needed else None)
     return count.fallback(why) if why else walk.plan()
 
 

@@ -614,6 +614,13 @@ def packed_through(conn: Conn) -> int:
     return latest_version(conn) if row[0] is None else row[0] - 1
 
 
+def commits_recorded(conn: Conn, lo: int, hi: int) -> set[str]:
+    """Every commit a tips or introduced row of versions LO … HI names."""
+    return {c for (c,) in conn.execute("SELECT commit_oid FROM tips WHERE version BETWEEN ? AND ?"
+                                       " UNION SELECT commit_oid FROM introduced WHERE version BETWEEN ? AND ?",
+                                       (lo, hi, lo, hi))}
+
+
 # -- segment packs ------------------------------------------------------------------------------
 
 def segment_packs(conn: Conn) -> list[tuple[int, int, str, int, int]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 ZERO = "0" * 40
 
@@ -97,6 +97,11 @@ class TipAnswer:
     @property
     def first(self) -> Optional[tuple[int, str]]:
         return self.tips[0] if self.tips else None
+
+    @classmethod
+    def of(cls, commit: str, rows: "Sequence[tuple[int, str]]") -> "TipAnswer":
+        """The answer the store's rows ROWS (version, ref) give, one record read."""
+        return cls(commit, tuple(rows), Visits(1, 0, tuple(sorted({v for v, _ in rows}))))
 
 
 @dataclass(frozen=True)

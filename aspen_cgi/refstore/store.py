@@ -105,10 +105,6 @@ def _connection(path: str) -> db.Conn:
     return conn
 
 
-def _tip_answer(commit: str, rows: Sequence[tuple[int, str]]) -> TipAnswer:
-    return TipAnswer(commit, tuple(rows), Visits(1, 0, tuple(sorted({v for v, _ in rows}))))
-
-
 class RefStore:
     def __init__(self, gitdir: str, env: Mapping[str, str], conn: db.Conn, path: str):
         self.gitdir = gitdir
@@ -680,11 +676,11 @@ class RefStore:
 
     def tips(self, commit: str) -> TipAnswer:
         """Which versions made COMMIT the value of which refs (oldest first)."""
-        return _tip_answer(commit, db.tips_of(self.conn, commit))
+        return TipAnswer.of(commit, db.tips_of(self.conn, commit))
 
     def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
         """tips() of each of COMMITS, in one query (per 500)."""
-        return {c: _tip_answer(c, rows) for c, rows in db.tips_of_many(self.conn, commits).items()}
+        return {c: TipAnswer.of(c, rows) for c, rows in db.tips_of_many(self.conn, commits).items()}
 
     def introduced_by(self, commit: str) -> list[int]:
         return db.introduced_by(self.conn, commit)
@@ -701,6 +697,16 @@ class RefStore:
 
     def latest(self) -> int:
         return db.latest_version(self.conn)
+
+    def settled(self) -> tuple[tuple[str, float], int]:
+        """identity(), and the highest version V such that every version up to
+        V is done and has its pack: the records of those never change."""
+        with db.reading(self.conn) as conn:
+            return (self.path, db.first_version_at(conn)), db.packed_through(conn)
+
+    def commits_recorded(self, lo: int, hi: int) -> set[str]:
+        """The commits the tips and introduced records of versions LO … HI name."""
+        return db.commits_recorded(self.conn, lo, hi)
 
     def identity(self) -> tuple[str, float]:
         """This store among all a path ever held: its file and its first version's time."""
