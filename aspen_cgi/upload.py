@@ -523,10 +523,9 @@ def _span(ctx, store, history, result, splice):
     name = spanpack.recorded(store.packs_dir, k)
     if name is None:
         values = [x for v in result.versions for x in history.version_values(v)]
-        built = spanpack.make(ctx.gitdir, ctx.env, store.packs_dir, values, result.held)
-        name = built.name if built is not None and built.size < splice.size else spanpack.SPLICE
-        if built is not None:
-            spanpack.record(store.packs_dir, k, name)
+        built = spanpack.make(ctx.gitdir, ctx.env, store.packs_dir, values, result.held, splice.size)
+        name = built.name if built is not None else spanpack.SPLICE
+        spanpack.record(store.packs_dir, k, name)
         ctx.trace["span"] = "built" if name != spanpack.SPLICE else "spliced"
     else:
         ctx.trace["span"] = "kept" if name != spanpack.SPLICE else "spliced"

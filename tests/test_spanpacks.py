@@ -90,13 +90,16 @@ def test_a_span_pack_completes_a_client_holding_the_proved_commits(tmp_path):
     h.git("push", "-q", "origin", "HEAD:refs/heads/main", cwd=str(work))
     out = tmp_path / "packs"
     out.mkdir()
-    built = spanpack.make(str(repo), dict(os.environ), str(out), [tip], [base])
+    built = spanpack.make(str(repo), dict(os.environ), str(out), [tip], [base], 1 << 20)
     listed = h.out("rev-list", "--objects", tip, f"^{base}", cwd=str(repo)).splitlines()
     assert built is not None and built.objects == len(listed)
     h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=Path(built.pack).read_bytes())
     h.git("update-ref", "refs/heads/main", tip, cwd=str(client))
     h.fsck_strict(str(client))
-    assert spanpack.make(str(repo), dict(os.environ), str(out), ["0" * 40], [base]) is None
+    assert spanpack.make(str(repo), dict(os.environ), str(out), ["0" * 40], [base], 1 << 20) is None
+    kept = set(os.listdir(out))                                  # no smaller than the splice: neither indexed nor kept
+    assert spanpack.make(str(repo), dict(os.environ), str(out), [tip], [base], built.size) is None
+    assert set(os.listdir(out)) == kept
     spanpack.record(str(out), "k", built.name)
     assert spanpack.recorded(str(out), "k") == built.name
     os.unlink(built.idx)

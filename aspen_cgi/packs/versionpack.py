@@ -153,6 +153,16 @@ def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Se
     """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx.
     GUARD (repoguard.RepoGuard) raises when the repository goes; OUTDIR's
     parent must exist (it is made, not its parents)."""
+    built = build_smaller(gitdir, env, tips, boundary, outdir, search, guard)
+    assert built is not None
+    return built
+
+
+def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
+                  search: DeltaSearch = DeltaSearch(), guard=None,
+                  smaller_than: Optional[int] = None) -> Optional[BuiltPack]:
+    """build(), or None, not indexed nor kept, when the pack has at least
+    SMALLER_THAN bytes (its index costs a second git run)."""
     guard = guard or _Unguarded()
     if not os.path.isdir(outdir):
         guard.mkdir(outdir)
@@ -168,6 +178,8 @@ def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Se
             guard.check()
             raise BuildError(res.stderr.decode("utf-8", "replace").strip())
         size = os.path.getsize(thin)
+        if smaller_than is not None and size >= smaller_than:
+            return None
         with open(thin, "rb") as f:
             f.seek(size - 20)
             trailer = f.read(20)
