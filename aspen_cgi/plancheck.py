@@ -46,13 +46,11 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
           haves: Sequence[str], tags: Mapping[str, str], include_tag: bool, done: bool = True,
           indexes: Optional[dict] = None) -> Check:
     """Whether the packs named PACKS hold only objects stock's answer to
-    WANTS and HAVES holds; TAGS: annotated tag -> its peeled object; DONE:
-    the round ends the negotiation (when not, the caller asked
-    may_be_ready() first). INDEXES: pack name -> loaded PackIndex, kept for
-    the splice."""
+    WANTS and HAVES holds, in a round stock ends (the caller settled that:
+    `done`, or may_be_ready() and stock_ready()); TAGS: annotated tag -> its
+    peeled object. INDEXES: pack name -> loaded PackIndex, kept for the
+    splice."""
     indexes = indexes if indexes is not None else {}
-    if not done and not _stock_ready(gitdir, env, [tags.get(w, w) for w in wants], haves):
-        return Check(False, "not-ready")
     names = [n for n in packs if n]
     try:
         for n in names:
@@ -103,12 +101,14 @@ def may_be_ready(history, wants: Sequence[str], haves: Sequence[str], tags: Mapp
     return True
 
 
-def _stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], haves: Sequence[str]) -> bool:
+def stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], haves: Sequence[str],
+                tags: Mapping[str, str]) -> bool:
     """Whether stock ends the negotiation in this round (upload-pack's
-    ok_to_give_up): each of WANTS that is a commit reaches a commit the
+    ok_to_give_up): each of WANTS (peeled by TAGS) that is a commit reaches a commit the
     client has, or a parent of one (THEY_HAVE), walking commits no older
     than the oldest have. The commits are read from one `git cat-file
     --batch` (one process, not a walk per question)."""
+    wants = [tags.get(w, w) for w in wants]
     reader = _Commits(gitdir, env)
     try:
         they_have: set[str] = set()

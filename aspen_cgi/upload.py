@@ -466,13 +466,15 @@ def _plan(ctx, req: FetchRequest, history):
 def _checked(ctx, req: FetchRequest, store, history, refused):
     """The refused plan's candidate when git's object walk for the request
     lists every object of its packs and stock would pack that walk in this
-    round (plancheck.py), else the fallback. The candidate is walked only
-    after the store's recorded parents leave stock ready (its walk counts
-    as planning time)."""
+    round (plancheck.py), else the fallback. In a round without `done`,
+    stock's readiness is settled first (the store's recorded parents, then
+    git's commits): the candidate is walked only for a round stock ends (its
+    walk counts as planning time)."""
     from . import plancheck
     t0 = time.perf_counter()
     tags = _annotated_tags(ctx, _snapshot(ctx))
-    if not req.done and not plancheck.may_be_ready(history, req.wants, req.haves, tags):
+    if not req.done and not (plancheck.may_be_ready(history, req.wants, req.haves, tags)
+                             and plancheck.stock_ready(ctx.gitdir, ctx.env, req.wants, req.haves, tags)):
         ctx.trace.update(checked="not-ready", check_us=round((time.perf_counter() - t0) * 1e6))
         return refused
     t1 = time.perf_counter()
@@ -482,7 +484,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
     if candidate is None:
         return refused
     verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, candidate.packs, req.wants, req.haves, tags,
-                              req.has_capability("include-tag"), req.done, history.indexes)
+                              req.has_capability("include-tag"), history.indexes)
     ctx.trace.update(checked=verdict.why or "ok",
                      check_us=round((time.perf_counter() - t0 - walked) * 1e6))
     return candidate if verdict.ok else refused

@@ -286,7 +286,7 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
     for wants, haves in rounds:
         s = branchy.post("stock", _v2_fetch(wants, haves), 2)
         stock_ready = b"ready\n" in s.body
-        ours = plancheck._stock_ready(str(branchy.repo), dict(os.environ), wants, haves)
+        ours = plancheck.stock_ready(str(branchy.repo), dict(os.environ), wants, haves, {})
         assert ours == stock_ready, (wants, haves, s.body[:200])
         seen.add(ours)
         # the store's parents alone never rule out a round stock ends, and rule out some it does not

@@ -132,7 +132,10 @@ class StoreHistory:
     def tips(self, commit: str) -> TipAnswer:
         got = self._tips.get(commit)
         if got is None:
-            got = self.tips_many([commit])[commit]
+            got = self.settled().tips.get(commit)
+            if got is None:
+                return self.tips_many([commit])[commit]
+            self._tips[commit] = got
         return got
 
     def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
@@ -154,7 +157,13 @@ class StoreHistory:
         return self._ancestry[key]
 
     def introduced_by(self, commit: str) -> list[int]:
-        return self.introduced_many([commit])[commit]
+        got = self._introduced.get(commit)
+        if got is None:
+            got = self.settled().introduced.get(commit)
+            if got is None:
+                return self.introduced_many([commit])[commit]
+            self._introduced[commit] = got
+        return list(got)
 
     def introduced_commits(self, version: int) -> frozenset[str]:
         key = (self.identity(), "introduced", version)
