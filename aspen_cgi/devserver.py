@@ -11,7 +11,8 @@ from . import gitexec
 
 
 def make_demo(root: str) -> str:
-    """A bare `demo.git` with a few commits, a branch and a tag."""
+    """A bare `demo.git` with a few commits, a branch and a tag. Its config
+    allows nothing: whether pushes are, `serve` says for every repository."""
     bare = os.path.join(root, "demo.git")
     with tempfile.TemporaryDirectory() as work:
         env = gitexec.child_env(None, GIT_AUTHOR_NAME="Aspen Demo", GIT_AUTHOR_EMAIL="demo@example.com",
@@ -25,7 +26,6 @@ def make_demo(root: str) -> str:
         gitexec.git(["tag", "-a", "v1.0", "-m", "demo tag"], cwd=work, env=env)
         gitexec.git(["branch", "topic"], cwd=work, env=env)
         gitexec.git(["clone", "-q", "--bare", work, bare], cwd=root, env=env)
-    gitexec.git(["config", "http.receivepack", "true"], cwd=bare)
     return bare
 
 

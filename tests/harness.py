@@ -30,6 +30,19 @@ BASE_ENV = {
 }
 
 
+def need_system(package: str, path: str) -> None:
+    """Skip the calling test when the Debian package PACKAGE (which installs
+    PATH) is missing; `./run test` installs it when it can. In CI (CI=true)
+    a missing package fails the test instead: CI never skips."""
+    if os.path.exists(path):
+        return
+    import pytest
+    why = f"{path} missing: apt-get install {package}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
 def git(*args: str, cwd: Optional[str] = None, env: Optional[dict] = None, check: bool = True,
         input: Optional[bytes] = None) -> subprocess.CompletedProcess:
     e = dict(os.environ)

@@ -374,3 +374,37 @@ def test_work_tree_path_finds_its_git_dir(tmp_path):
     assert entries[0]["updates"][0]["ref"] == "refs/heads/main"
     assert (work / ".git" / "aspen" / "aspen.sqlite3").is_file()
     assert aspen("verify", str(work), "--quiet").returncode == 0
+
+
+# ---------------------------------------------------------------- dev
+
+def _dev(root: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([ASPEN, "dev", str(root), "--port", "0", "--workers", "1", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()                      # "Aspen serving ROOT on http://HOST:PORT/"
+    assert " on http://" in line, line
+    return proc, line.rsplit(" on ", 1)[1].strip().rstrip("/")
+
+
+@pytest.mark.parametrize("no_push", [True, False])
+def test_dev_demo_takes_pushes_only_without_no_push(tmp_path, no_push):
+    root = tmp_path / "repos"
+    proc, url = _dev(root, *(["--no-push"] if no_push else []))
+    try:
+        work = tmp_path / "work"
+        h.git("clone", "-q", f"{url}/demo.git", str(work))
+        (work / "new.txt").write_text("pushed\n")
+        pk.commit(work, "a push")
+        before = h.refs_of(str(root / "demo.git"))
+        res = h.git("push", "origin", "HEAD:refs/heads/main", cwd=str(work), check=False)
+        after = h.refs_of(str(root / "demo.git"))
+        if no_push:
+            assert res.returncode != 0 and after == before, res.stderr
+        else:
+            assert res.returncode == 0, res.stderr
+            assert after["refs/heads/main"] == h.out("rev-parse", "HEAD", cwd=str(work))
+        assert "receivepack" not in (root / "demo.git" / "config").read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

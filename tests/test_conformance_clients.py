@@ -1,4 +1,4 @@
-"""Contract section 9 lines that need real git clients: large chunked
+"""Checklist lines (docs/http-backend-checklist.md) that need real git clients: large chunked
 requests with the probe POST, gzip-encoded upload-pack requests,
 shallow/filter clones, protocol v0/v2 clones, pushes with hook output.
 

@@ -1,4 +1,4 @@
-"""Contract section 9, dumb routes and exact header blocks: HEAD, text
+"""The checklist (docs/http-backend-checklist.md), dumb routes and exact header blocks: HEAD, text
 info/refs, objects/info/*, loose objects, packs and indexes, no-cache and
 cache-forever headers, dates, framing."""
 

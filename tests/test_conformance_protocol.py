@@ -1,4 +1,4 @@
-"""Contract section 9, upload-pack over HTTP at the request level: stateless
+"""The checklist (docs/http-backend-checklist.md), upload-pack over HTTP at the request level: stateless
 negotiation, shallow/deepen/filter, protocol v2 commands, GIT_PROTOCOL and
 GIT_NAMESPACE, repository config, and what happens when the child fails.
 Packs are compared as object sets (never byte for byte)."""

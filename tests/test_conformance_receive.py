@@ -1,4 +1,4 @@
-"""Contract section 9, the push side seen over HTTP: committer identity,
+"""The checklist (docs/http-backend-checklist.md), the push side seen over HTTP: committer identity,
 the environment hooks get, hook output on side-band 2, receive.* config,
 non-bare repositories. Each implementation pushes into its own copy of the
 same repository; responses, resulting refs and reflogs are compared."""

@@ -1,4 +1,4 @@
-"""Contract section 9, request processing: method, path, routing, repository
+"""The checklist (docs/http-backend-checklist.md), request processing: method, path, routing, repository
 discovery, export and getanyfile checks. Every test sends the same request to
 stock `git http-backend`, to `aspen-cgi` and to the WSGI app and compares."""
 

@@ -1,4 +1,4 @@
-"""Contract section 9, smart HTTP at the request level: advertisements,
+"""The checklist (docs/http-backend-checklist.md), smart HTTP at the request level: advertisements,
 service selection, query strings, POST checks, request bodies (length, EOF,
 gzip, buffer limit) and the intended deviations from stock."""
 

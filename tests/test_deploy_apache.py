@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from . import deploy_apache as da
+from . import harness as h
 from .harness import fsck_strict, git, make_history, out, refs_of
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -33,6 +34,8 @@ MB = 1024 * 1024
 @pytest.fixture(scope="session")
 def install(tmp_path_factory) -> dict:
     """A world-readable install: venv with Aspen (non-editable), aspen.wsgi and a password file."""
+    h.need_system("apache2", da.APACHE)
+    h.need_system("libapache2-mod-wsgi-py3", str(da.MODULE_DIR / "mod_wsgi.so"))
     base = da.world_dir(Path(str(tmp_path_factory.mktemp("apache-install"))))
     venv = da.install_aspen(base)
     apache_dir = da.world_dir(base / "apache")

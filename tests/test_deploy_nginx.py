@@ -185,6 +185,7 @@ def rss_kb(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    harness.need_system("nginx", NGINX)
     base = Path(tempfile.mkdtemp(prefix="aspen-nginx-"))
     base.chmod(0o755)         # nginx's workers (nobody when started as root) read htpasswd, reach the socket
     root = tmp_path_factory.mktemp("nginx") / "root"
