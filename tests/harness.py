@@ -242,6 +242,47 @@ class Server:
         return self.log.read_text(errors="replace") if self.log else ""
 
 
+def send_and_answer(port: int, head: bytes, body_parts, timeout: float = 60) -> bytes:
+    """Send an HTTP request (HEAD, then each of BODY_PARTS) on a new
+    connection while a thread reads the answer, and return all it read. A
+    server that refuses a body answers and closes before the body ends; the
+    answer is read as it comes, not after the last byte is sent (by then the
+    server's reset may have thrown it away), and the rest of the body is
+    not sent once the server has closed."""
+    import threading
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    got = bytearray()
+    ended = threading.Event()
+
+    def read() -> None:
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got.extend(chunk)
+        except OSError:
+            pass
+        finally:
+            ended.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        s.sendall(head)
+        for part in body_parts:
+            if ended.is_set():
+                break
+            s.sendall(part)
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass                        # closed by the server: what it answered is being read
+    reader.join(timeout)
+    alive = reader.is_alive()
+    s.close()
+    assert not alive, "no end of the answer within the timeout"
+    return bytes(got)
+
+
 def refs_of(repo: str) -> dict[str, str]:
     text = out("for-each-ref", "--format=%(objectname) %(refname)", cwd=repo)
     return dict(reversed(line.split(" ", 1)) for line in text.splitlines() if line)

@@ -156,20 +156,28 @@ def _expected(i: int) -> bytes:
 
 
 def test_proxy_many_connections_in_parallel(upstream):
+    answers: list[bytes] = []            # filled by the clients; checked here, not in their threads
+    failures: list[str] = []
     with CountingProxy("127.0.0.1", upstream.server_address[1], "t") as proxy:
         def client():
-            with socket.create_connection(("127.0.0.1", proxy.port)) as s:
-                buf = bytearray()
-                for _ in range(3):
-                    s.sendall(b"GET /fixed HTTP/1.1\r\nHost: x\r\n\r\n")
-                    assert _recv_response(s, buf, _expected(0)) == _expected(0)
+            try:
+                with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as s:
+                    buf = bytearray()
+                    for _ in range(3):
+                        s.sendall(b"GET /fixed HTTP/1.1\r\nHost: x\r\n\r\n")
+                        answers.append(_recv_response(s, buf, _expected(0)))
+            except Exception as e:
+                failures.append(repr(e))
 
         threads = [threading.Thread(target=client) for _ in range(60)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join()
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
         recs = proxy.records
+    assert failures == []
+    assert answers == [_expected(0)] * 180
     assert len(recs) == 180
     assert {r.response_bytes for r in recs} == {len(_expected(0))}
 

@@ -124,13 +124,14 @@ def _clones_at_once(server, root: Path, tmp_path: Path, n: int) -> list[str]:
     def clone(i: int) -> None:
         try:
             _clone_ok(f"{server.url}/repo.git", tmp_path / f"c{i}", root / "repo.git", "--depth", "1")
-        except AssertionError as e:
-            errors.append(str(e))
+        except Exception as e:          # a failed git command too, not only an assertion
+            errors.append(f"clone {i}: {e!r}")
     threads = [threading.Thread(target=clone, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    errors += [f"clone {i}: still running after 120 s" for i, t in enumerate(threads) if t.is_alive()]
     return errors
 
 

@@ -232,26 +232,16 @@ def test_body_over_max_request_buffer_gets_413(small_buffer_server, tmp_path):
 
 
 def test_chunked_body_over_max_request_buffer_gets_413(small_buffer_server, tmp_path):
-    """The same 5 MiB request sent chunked (no Content-Length) -> 413."""
+    """The same 5 MiB request sent chunked (no Content-Length) -> 413, read
+    while the body is still being sent (the server answers at the limit)."""
     srv = small_buffer_server
     body = v0_request(*[f"want {UNKNOWN}"] * 100000)
-
-    def chunks():
-        for i in range(0, len(body), 65536):
-            yield body[i:i + 65536]
-
-    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-    try:
-        conn.request("POST", "/repo.git/git-upload-pack", body=chunks(), headers={"Content-Type": CT},
-                     encode_chunked=True)
-        r = conn.getresponse()
-        status, data = r.status, r.read()
-    except (BrokenPipeError, ConnectionResetError):
-        pytest.fail("the server reset the connection instead of answering 413")
-    finally:
-        conn.close()
-    assert status == 413
-    clean(data)
+    head = (f"POST /repo.git/git-upload-pack HTTP/1.1\r\nHost: x\r\nContent-Type: {CT}\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+    chunks = [b"%x\r\n%s\r\n" % (len(body[i:i + 65536]), body[i:i + 65536]) for i in range(0, len(body), 65536)]
+    answer = h.send_and_answer(srv.port, head, chunks + [b"0\r\n\r\n"])
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:300]
+    clean(answer.split(b"\r\n\r\n", 1)[1])
     dest = tmp_path / "after"
     h.git("clone", "-q", f"{srv.url}/repo.git", str(dest))
 
