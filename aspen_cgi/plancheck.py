@@ -43,7 +43,7 @@ class Check:
 
 
 def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[str], wants: Sequence[str],
-          haves: Sequence[str], tags: Mapping[str, str], include_tag: bool, done: bool = True,
+          haves: Sequence[str], tags: Mapping[str, str], include_tag: bool,
           indexes: Optional[dict] = None) -> Check:
     """Whether the packs named PACKS hold only objects stock's answer to
     WANTS and HAVES holds, in a round stock ends (the caller settled that:
@@ -104,9 +104,9 @@ def may_be_ready(history, wants: Sequence[str], haves: Sequence[str], tags: Mapp
 def stock_ready(gitdir: str, env: Mapping[str, str], wants: Sequence[str], haves: Sequence[str],
                 tags: Mapping[str, str]) -> bool:
     """Whether stock ends the negotiation in this round (upload-pack's
-    ok_to_give_up): each of WANTS (peeled by TAGS) that is a commit reaches a commit the
-    client has, or a parent of one (THEY_HAVE), walking commits no older
-    than the oldest have. The commits are read from one `git cat-file
+    ok_to_give_up): each of WANTS (peeled by TAGS) that is a commit reaches
+    a commit the client has, or a parent of one (THEY_HAVE), walking commits
+    no older than the oldest have. The commits are read from one `git cat-file
     --batch` (one process, not a walk per question)."""
     wants = [tags.get(w, w) for w in wants]
     reader = _Commits(gitdir, env)
