@@ -81,15 +81,20 @@ def test_store_answers_are_checked():
             assert (ref, j, k) == ("refs/heads/main", 7, 17)
             return self.a
 
-    m, problem = storeprobe.stale_branch_figures(Store(True, 3), 10, "refs/heads/stale-10", Z1, Z2)
+    def check(store, ref="refs/heads/stale-10", trunk="refs/heads/main") -> str:
+        return storeprobe.stale_branch_figures(store, 10, ref, Z1, Z2, trunk)[1]
+
+    m, problem = storeprobe.stale_branch_figures(Store(True, 3), 10, "refs/heads/stale-10", Z1, Z2, "refs/heads/main")
     assert problem == "" and m["ancestor"] is True and m["visits_total"] == 3 and m["versions_span"] == 10
-    assert "answered false" in storeprobe.stale_branch_figures(Store(False, 3), 10, "refs/heads/stale-10", Z1, Z2)[1]
-    assert "exceed the bound" in storeprobe.stale_branch_figures(Store(True, 11), 10, "refs/heads/stale-10", Z1, Z2)[1]
-    assert "branch's base" in storeprobe.stale_branch_figures(Store(True, 3, value_j=Z3), 10,
-                                                               "refs/heads/stale-10", Z1, Z2)[1]
-    assert "tips(" in storeprobe.stale_branch_figures(Store(True, 3, tips=((9, "refs/heads/main"),)), 10,
-                                                      "refs/heads/stale-10", Z1, Z2)[1]
-    assert "no tip records" in storeprobe.stale_branch_figures(Store(True, 3), 10, "refs/heads/other", Z1, Z2)[1]
+    assert "answered false" in check(Store(False, 3))
+    assert "exceed the bound" in check(Store(True, 11))
+    assert "branch's base" in check(Store(True, 3, value_j=Z3))
+    assert "tips(" in check(Store(True, 3, tips=((9, "refs/heads/main"),)))
+    assert "no tip records" in check(Store(True, 3), "refs/heads/other")
+    # a repository whose HEAD names another trunk (git.git: master): asked about that ref
+    master = Store(True, 3, tips=((5, "refs/heads/master"),))
+    master.is_ancestor = lambda ref, j, k: master.a if ref == "refs/heads/master" else None
+    assert check(master, trunk="refs/heads/master") == ""
 
 
 # ---------------------------------------------------------------- ref-advertisement

@@ -278,7 +278,7 @@ def _store_figures(ctx: WorkloadContext, ns: list[int], built: dict) -> tuple[di
                 if not sha:
                     problems.append(f"{t.name}: stale-{n} was not pushed")
                     continue
-                m, problem = stale_branch_figures(p.store, n, f"refs/heads/stale-{n}", sha, base)
+                m, problem = stale_branch_figures(p.store, n, f"refs/heads/stale-{n}", sha, base, ctx.trunk)
                 rows[(t.name, n)] = {("store_" + k if k in STORE_PREFIXED else k): v for k, v in m.items()}
                 if problem:
                     problems.append(f"{t.name} N={n}: {problem}")

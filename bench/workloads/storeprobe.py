@@ -20,7 +20,6 @@ from ..model import TargetInfo
 from .base import WorkloadContext
 
 QUERY_RUNS = 9     # timed runs per query; the median is reported
-TRUNK = "refs/heads/main"
 
 
 def visits_bound(n: int) -> float:
@@ -78,17 +77,19 @@ def _timed(fn, runs: int = QUERY_RUNS):
     return out, stats.median(times)
 
 
-def stale_branch_figures(store, n: int, branch_ref: str, branch_sha: str, base_sha: str) -> tuple[dict, str]:
+def stale_branch_figures(store, n: int, branch_ref: str, branch_sha: str, base_sha: str,
+                         trunk: str) -> tuple[dict, str]:
     """For a branch BRANCH_REF (one commit BRANCH_SHA on top of trunk's BASE_SHA) cut N
     trunk pushes ago: j = the version that created the branch, k = the latest; is
-    trunk's value at j an ancestor of trunk's value at k? and tips(BASE_SHA).
+    the value of trunk (the branch HEAD names: refs/heads/master in git.git) at j
+    an ancestor of its value at k? and tips(BASE_SHA).
     Returns (metrics, problem); PROBLEM is empty when every answer is right."""
     problems = []
     made = [v for v, r in store.tips(branch_sha).tips if r == branch_ref]
     if not made:
         return {}, f"store: no tip records {branch_ref} = {branch_sha[:12]}"
     j, k = made[0], store.latest()
-    ans, query_us = _timed(lambda: store.is_ancestor(TRUNK, j, k))
+    ans, query_us = _timed(lambda: store.is_ancestor(trunk, j, k))
     tips, tips_us = _timed(lambda: store.tips(base_sha))
     bound = visits_bound(n)
     m = {"j": j, "k": k, "versions_span": k - j, "ancestor": ans.ancestor,
@@ -96,13 +97,13 @@ def stale_branch_figures(store, n: int, branch_ref: str, branch_sha: str, base_s
          "visits_total": ans.visits.total, "visits_bound": round(bound, 2), "query_us": round(query_us, 1),
          "tips_found": len(tips.tips), "tips_visits": tips.visits.total, "tips_us": round(tips_us, 1)}
     if not ans.ancestor:
-        problems.append(f"store: is_ancestor({TRUNK}, {j}, {k}) answered false")
+        problems.append(f"store: is_ancestor({trunk}, {j}, {k}) answered false")
     if ans.value_j != base_sha:
         problems.append(f"store: trunk at version {j} is {ans.value_j}, the branch's base is {base_sha}")
     if ans.visits.total > bound:
         problems.append(f"store: {ans.visits.total} visits for N={n} exceed the bound {bound:.1f}")
-    if not any(r == TRUNK and v <= j for v, r in tips.tips):
-        problems.append(f"store: tips({base_sha[:12]}) has no {TRUNK} version <= {j}: {tips.tips}")
+    if not any(r == trunk and v <= j for v, r in tips.tips):
+        problems.append(f"store: tips({base_sha[:12]}) has no {trunk} version <= {j}: {tips.tips}")
     return m, "; ".join(problems)
 
 
