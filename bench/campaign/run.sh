@@ -60,14 +60,14 @@ step() {
 }
 
 if [ $quick -eq 1 ]; then
-  cmd="bench/campaign/run.sh --quick DIR"
+  cmd='`bench/campaign/run.sh --quick DIR`'
   preset=${BENCH_PRESET:-tiny}
   # One run of every workload at its quick size; the whole run is bounded.
   step "${BENCH_QUICK_LIMIT:-360}" all --quick --preset "$preset" --jobs "${BENCH_JOBS:-20}" \
     --max-n "${BENCH_MAX_N:-100}" --pushes "${BENCH_PUSHES:-100}" --seconds "${BENCH_SECONDS:-5}" \
     --clients "${BENCH_CLIENTS:-8}" --fetches "${BENCH_FETCHES:-20}" --history "${BENCH_HISTORY:-50}" || failed+=(all)
 else
-  cmd="bench/campaign/run.sh DIR"
+  cmd='`bench/campaign/run.sh DIR`'
   preset=${BENCH_PRESET:-medium}
   big_n=${BENCH_MAX_N:-10000}; small_n=${BENCH_MAX_N_FALLBACK:-1000}
   big_p=${BENCH_PUSHES:-10000}; small_p=${BENCH_PUSHES_FALLBACK:-1000}
