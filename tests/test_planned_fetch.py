@@ -5,6 +5,7 @@ the same repository from stock. What the planner cannot prove goes to git."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -204,3 +205,36 @@ def test_hidden_refs_objects_never_sent_from_stored_packs(root, server_factory, 
     h.fsck_strict(str(a))
     assert h.out("rev-parse", "refs/heads/main", cwd=str(a)) == h.out("rev-parse", "main", cwd=str(repo))
     assert h.git("cat-file", "-e", secret, cwd=str(a), check=False).returncode != 0
+
+
+@pytest.mark.timeout(180)
+def test_a_fetch_never_waits_for_the_import_of_a_large_repository(tmp_path, server_factory):
+    """While a repository over 2 MiB waits for its import pack (here its build
+    never starts: the machine's one build slot is held), a clone is answered
+    by git at once, though ASPEN_BUILD_WAIT_MS would let it wait 10 minutes;
+    once the import pack is built, a clone is planned."""
+    root = tmp_path / "root"
+    repo = root / "repo.git"
+    h.git("init", "-q", "--bare", str(repo))
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], input=os.urandom(3 << 20), cwd=str(repo),
+                          capture_output=True, check=True).stdout.decode().strip()
+    tree = subprocess.run(["git", "mktree"], input=f"100644 blob {blob}\tbig.bin\n".encode(), cwd=str(repo),
+                          capture_output=True, check=True).stdout.decode().strip()
+    h.git("update-ref", "refs/heads/main", h.out("commit-tree", tree, "-m", "big", cwd=str(repo)), cwd=str(repo))
+    run = tmp_path / "run"
+    run.mkdir()
+    slot = os.open(run / "build.slot.0", os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(slot, fcntl.LOCK_EX)
+    try:
+        server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(run), ASPEN_BUILDS_PER_SERVER="1",
+                                ASPEN_BUILD_WAIT_MS="600000", ASPEN_CACHE="off")    # the same clone again: planned
+        _clone(server.url + "/repo.git", tmp_path / "first.git", 2)
+        assert "plan=fallback why=not-built" in _plans(server)[-1], _plans(server)[-1]
+        h.fsck_strict(str(tmp_path / "first.git"))
+        assert h.refs_of(str(tmp_path / "first.git")) == h.refs_of(str(repo))
+    finally:
+        os.close(slot)
+    h.wait_packs_built(repo)
+    _clone(server.url + "/repo.git", tmp_path / "second.git", 2)
+    assert "plan=planned" in _plans(server)[-1], _plans(server)[-1]
+    h.fsck_strict(str(tmp_path / "second.git"))

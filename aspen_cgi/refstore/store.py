@@ -532,6 +532,10 @@ class RefStore:
     def all_packs_built(self) -> bool:
         return not db.versions_without_pack(self.conn, 1)
 
+    def unbuilt(self, limit: int) -> list[int]:
+        """Up to LIMIT done versions, oldest first, without their pack."""
+        return db.versions_without_pack(self.conn, limit)
+
     def version_values(self, version: int) -> tuple[str, ...]:
         return tuple(db.version_values(self.conn, version))
 
