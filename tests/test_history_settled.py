@@ -28,7 +28,8 @@ def _store(repo: Path) -> RefStore:
     return store
 
 
-def test_answers_name_settled_versions_only_and_follow_new_ones(tmp_path):
+def _imported(tmp_path: Path) -> tuple[Path, RefStore, str]:
+    """A repository of one commit on main, imported and packed: version 1."""
     repo = tmp_path / "r.git"
     h.git("init", "-q", "--bare", str(repo))
     a = _commit(repo, "a")
@@ -36,6 +37,11 @@ def test_answers_name_settled_versions_only_and_follow_new_ones(tmp_path):
     store = _store(repo)
     store.sync()
     store.build_packs()
+    return repo, store, a
+
+
+def test_answers_name_settled_versions_only_and_follow_new_ones(tmp_path):
+    repo, store, a = _imported(tmp_path)
     first = StoreHistory(store).tips(a)
     assert first.tips == ((1, "refs/heads/main"),)
     assert StoreHistory(store).tips(a) is first            # kept for the next request
@@ -58,13 +64,7 @@ def test_answers_name_settled_versions_only_and_follow_new_ones(tmp_path):
 
 
 def test_a_store_made_again_at_the_same_path_is_another(tmp_path):
-    repo = tmp_path / "r.git"
-    h.git("init", "-q", "--bare", str(repo))
-    a = _commit(repo, "a")
-    h.git("update-ref", "refs/heads/main", a, cwd=str(repo))
-    store = _store(repo)
-    store.sync()
-    store.build_packs()
+    repo, store, a = _imported(tmp_path)
     assert StoreHistory(store).tips(a).tips == ((1, "refs/heads/main"),)
     shutil.rmtree(repo / "aspen")
     h.git("update-ref", "-d", "refs/heads/main", cwd=str(repo))
