@@ -294,3 +294,41 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
         assert may or not stock_ready, (wants, haves)
         pruned += not may
     assert seen == {True, False} and pruned >= 2
+
+
+def test_an_open_round_whose_plan_needs_holders_is_planned_only_when_stock_ends_it(tmp_path, server_factory):
+    """Branch h (a recent commit on the first commit t0) is in the repository
+    when Aspen imports it; then trunk t1 and branch x on it are pushed, both
+    dated long ago. An open round wanting x with haves [h]: the plan needs
+    t1's version only to hold x's boundary (the client may have it and not
+    have said so yet: git.git's stale-branch client was sent 10 trunk pushes
+    again), and stock is not ready (x's commits are older than the oldest
+    have, so its walk never reaches h's parent t0): git answers, byte for
+    byte stock's. The same round with `done` is planned."""
+    root = tmp_path / "root"
+    root.mkdir()
+    repo = pk.enable_push(h.make_history(root / "repo.git", commits=2, branches=(), tags=False))
+    t0 = h.out("rev-parse", "main", cwd=str(repo))
+    date = {"GIT_COMMITTER_DATE": f"{int(time.time()) + 10} +0000"}
+    have = h.git("commit-tree", "-p", t0, "-m", "h", h.out("rev-parse", "main^{tree}", cwd=str(repo)),
+                 cwd=str(repo), env=date).stdout.decode().strip()
+    h.git("update-ref", "refs/heads/h", have, cwd=str(repo))
+    server = server_factory(root, ASPEN_ACCESS_LOG="1")
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    old = itertools.count(1_000_000_000)
+    _commit(work, "t1", old)
+    h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    h.git("checkout", "-q", "-b", "x", cwd=str(work))
+    x = _commit(work, "x", old)
+    h.git("push", "-q", "origin", "x", cwd=str(work))
+    h.wait_packs_built(repo)
+    r = Repo.__new__(Repo)
+    r.root, r.repo = root, repo
+    open_round, done_round = _v2_fetch([x], [have]), _v2_fetch([x], [have], done=True)
+    a, s = r.post("aspen", open_round, 2), r.post("stock", open_round, 2)
+    log = _posts(a.stderr.decode(errors="replace"))[-1]
+    assert "plan=fallback why=open-round-holders" in log and "checked=not-ready" in log, log
+    assert a.status == s.status == 200 and a.body == s.body
+    a = r.post("aspen", done_round, 2)
+    assert "plan=planned" in _posts(a.stderr.decode(errors="replace"))[-1]

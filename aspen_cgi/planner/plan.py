@@ -147,6 +147,7 @@ class Plan:
     firsts: tuple[int, ...] = ()
     lookups: int = 0
     held: tuple[str, ...] = ()         # boundary commits proved in the client's closure
+    holders: tuple[int, ...] = ()      # versions needed only to hold a boundary commit not proved held
 
     @property
     def spans(self) -> tuple[tuple[int, int], ...]:
@@ -533,7 +534,8 @@ class _Walk:
         c = self.count
         return Plan(order, packs, len(c.versions), len(c.segments), tuple(c.proofs),
                     tuple(v != 1 for v in order), order, c.lookups,
-                    tuple(sorted(x for x, ok in self.proved.items() if ok)))
+                    tuple(sorted(x for x, ok in self.proved.items() if ok)),
+                    tuple(sorted(self.held_for & self.needed)))
 
 
 class _Graph:
