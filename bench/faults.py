@@ -375,14 +375,21 @@ def builders_settled(repo: Path, timeout: float = 120.0) -> list[str]:
         time.sleep(0.05)
 
 
-def leftovers(repo: Path) -> list[str]:
+def leftovers(repo: Path, timeout: float = 120.0) -> list[str]:
     """git lock files and quarantines left in REPO, and pack builders' locks
     still held (live) after waiting for them; a dead builder's lock is not a
-    leftover (the next builder takes it over: tests/test_background_builds.py)."""
-    dead = set(builders_settled(repo))
-    found = [str(p.relative_to(repo)) for p in repo.rglob("*.lock") if str(p.relative_to(repo)) not in dead]
-    found += [str(p.relative_to(repo)) for p in (repo / "objects").glob("incoming-*")]
-    return sorted(found)
+    leftover (the next builder takes it over: tests/test_background_builds.py).
+    A builder a push started just before may take its lock after the wait
+    and before the listing: then the wait and the listing are done again."""
+    deadline = time.monotonic() + timeout
+    builders = {f"aspen/packs/{n}" for n in BUILDER_LOCKS}
+    while True:
+        dead = set(builders_settled(repo, max(0.0, deadline - time.monotonic())))
+        found = [str(p.relative_to(repo)) for p in repo.rglob("*.lock") if str(p.relative_to(repo)) not in dead]
+        found += [str(p.relative_to(repo)) for p in (repo / "objects").glob("incoming-*")]
+        if not builders.intersection(found) or time.monotonic() > deadline:
+            return sorted(found)
+        time.sleep(0.05)
 
 
 def final_clone(url: str, repo: Path, dest: Path) -> tuple[bool, str]:
