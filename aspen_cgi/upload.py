@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 from . import AGENT, gitexec
 from .protocol import advertise as adv, pktline
@@ -391,7 +391,7 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
     if isinstance(result, Fallback) and result.candidate is not None:
         result = _checked(ctx, req, store, history, result)
     elif not isinstance(result, Fallback) and result.holders and not req.done \
-            and not _stock_ends(ctx, req, history):
+            and not _stock_ends(ctx, req, history, _annotated_tags(ctx, _snapshot(ctx))):
         return _fallback(ctx, "open-round-holders")
     if isinstance(result, Fallback):
         if result.detail:
@@ -466,7 +466,7 @@ def _plan(ctx, req: FetchRequest, history):
     return result
 
 
-def _stock_ends(ctx, req: FetchRequest, history) -> bool:
+def _stock_ends(ctx, req: FetchRequest, history, tags: Mapping[str, str]) -> bool:
     """Whether stock would end the negotiation in this open round (plancheck).
     A plan that needs versions only to hold commits it could not prove held
     is sent in an open round only then: the client has not listed all it
@@ -475,7 +475,6 @@ def _stock_ends(ctx, req: FetchRequest, history) -> bool:
     commits was sent 10 trunk pushes again, 3.69x stock's bytes)."""
     from . import plancheck
     t0 = time.perf_counter()
-    tags = _annotated_tags(ctx, _snapshot(ctx))
     ready = (plancheck.may_be_ready(history, req.wants, req.haves, tags)
              and plancheck.stock_ready(ctx.gitdir, ctx.env, req.wants, req.haves, tags))
     ctx.trace.update(checked="ready" if ready else "not-ready", check_us=round((time.perf_counter() - t0) * 1e6))
@@ -492,9 +491,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
     from . import plancheck
     t0 = time.perf_counter()
     tags = _annotated_tags(ctx, _snapshot(ctx))
-    if not req.done and not (plancheck.may_be_ready(history, req.wants, req.haves, tags)
-                             and plancheck.stock_ready(ctx.gitdir, ctx.env, req.wants, req.haves, tags)):
-        ctx.trace.update(checked="not-ready", check_us=round((time.perf_counter() - t0) * 1e6))
+    if not req.done and not _stock_ends(ctx, req, history, tags):
         return refused
     t1 = time.perf_counter()
     candidate = refused.candidate.plan()
