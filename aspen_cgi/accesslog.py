@@ -4,9 +4,10 @@ plan or fallback; and for every upload-pack fetch response, one JSON line
 
 from __future__ import annotations
 
-import json
 import time
-from typing import IO, Iterable, Iterator
+TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
+if TYPE_CHECKING:
+    from typing import IO, Iterable, Iterator
 
 
 def enabled(env) -> bool:
@@ -18,7 +19,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
     for key in ("version", "cache", "depth1", "queued_ms", "plan", "why", "unproved", "plan_us", "checked", "check_us",
-                "visits", "extents", "span", "commands", "objects", "push", "ended"):
+                "visits", "extents", "span", "commands", "objects", "push", "replayed", "ended"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
@@ -32,6 +33,7 @@ def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:
     """The plan trace of one fetch response as JSON: repo, ref-store version,
     plan or fallback and why, visits, extents, objects, response bytes,
     planning µs and serving ms."""
+    import json
     record = {"repo": trace.get("repo"), "version": trace.get("version"), "status": status, "bytes": nbytes,
               "serve_ms": round((time.monotonic() - started) * 1000, 2)}
     for key in PLAN_KEYS:

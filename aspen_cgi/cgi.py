@@ -47,38 +47,121 @@ def write_all(fd: int, data: bytes, limits) -> None:
             pipe._wait([], [fd])
 
 
+class Prefixed:
+    """A body whose first bytes were already read (a small request looked up in http/replay.py)."""
+
+    def __init__(self, prefix: bytes, rest: PipeInput):
+        self.prefix = prefix
+        self.rest = rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self.prefix:
+            out = self.prefix if n < 0 else self.prefix[:n]
+            self.prefix = self.prefix[len(out):]
+            return out
+        return self.rest.read(n)
+
+
+def _read_small(n: int) -> bytes:
+    """The first N bytes of the body, as a small request arrives whole; what
+    came within a second of quiet otherwise (the pipeline reads the rest)."""
+    out = b""
+    while len(out) < n and select.select([0], [], [], 1.0)[0]:
+        chunk = os.read(0, n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _replayed(env, body: bytes, started: float) -> bool:
+    """Send the recorded answer to this request (http/replay.py), if there is one."""
+    from .http import replay
+    hit = replay.lookup(env, body)
+    if hit is None:
+        return False
+    from .http.limits import Limits
+    limits = Limits.from_env(env, started)
+    trace = dict(hit.trace, replayed=1)
+    try:
+        os.set_blocking(1, False)
+    except OSError:
+        pass
+    try:
+        write_all(1, hit.head + hit.body, limits)
+        if hit.file is not None:
+            path, offset, length = hit.file
+            with open(path, "rb", buffering=0) as f:
+                while length > 0:
+                    chunk = os.pread(f.fileno(), min(length, 1 << 20), offset)
+                    if not chunk:
+                        trace["ended"] = "entry-truncated"
+                        break
+                    write_all(1, chunk, limits)
+                    offset += len(chunk)
+                    length -= len(chunk)
+    except BrokenPipeError:
+        trace["ended"] = "client-gone"
+    except TimeoutError:
+        trace["ended"] = "idle-timeout" if not limits.expired() else "request-timeout"
+    except OSError:
+        trace["ended"] = "entry-gone"
+    hit.apply_effects()
+    from .accesslog import enabled, line
+    if enabled(env):
+        sys.stderr.write(line(env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""), 200, hit.length,
+                              started, trace))
+    return True
+
+
 def main() -> int:
     started = time.monotonic()
+    env = dict(os.environ)
+    from .http.replay import MAX_ANSWER, kind as replay_kind
+    kind = replay_kind(env)
+    prefix = _read_small(int(env["CONTENT_LENGTH"])) if kind == "post" else b""
+    if kind is not None and _replayed(env, prefix, started):
+        return 0
+
     from .accesslog import Counted, enabled, write_messages
     from .http.backend import handle
     from .http.limits import Limits
     from .http.message import Request
 
-    env = dict(os.environ)
     limits = Limits.from_env(env, started)
-    resp = handle(Request(env, PipeInput(0, limits), None, limits))
+    body_in = Prefixed(prefix, PipeInput(0, limits)) if prefix else PipeInput(0, limits)
+    resp = handle(Request(env, body_in, None, limits))
     write_messages(sys.stderr, resp.log)
-    head = "".join(f"{k}: {v}\r\n" for k, v in resp.headers) + "\r\n"
+    head = ("".join(f"{k}: {v}\r\n" for k, v in resp.headers) + "\r\n").encode("utf-8", "surrogateescape")
     body = Counted(resp.body, sys.stderr, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
                    resp.status, resp.trace, started, enabled(env), resp.late)
+    recordable = kind is not None and resp.status == 200 and not resp.log and resp.trace.get("replayable")
+    kept: list[bytes] | None = [] if recordable and "replay_file" not in resp.trace else None
     sys.stdout.flush()
     try:
         os.set_blocking(1, False)
     except OSError:
         pass
     try:
-        write_all(1, head.encode("utf-8", "surrogateescape"), limits)
+        write_all(1, head, limits)
         for chunk in body:
             if limits.expired():
                 resp.trace["ended"] = "request-timeout"
                 break
             write_all(1, chunk, limits)
+            if kept is not None:
+                kept.append(chunk)
+                if body.nbytes > MAX_ANSWER:
+                    kept = None
     except BrokenPipeError:
         resp.trace["ended"] = "client-gone"
     except TimeoutError:
         resp.trace["ended"] = "idle-timeout" if not limits.expired() else "request-timeout"
     finally:
         body.close()
+    if recordable and "ended" not in resp.trace and (kept is not None or "replay_file" in resp.trace):
+        from .http import replay
+        replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace)
     return 0
 
 

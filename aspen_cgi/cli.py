@@ -199,7 +199,7 @@ def _import_background(args: argparse.Namespace) -> int:
     pack-objects thread, gone at once when another builder runs, and quietly
     when the repository goes (leaving nothing behind)."""
     from .packs import background
-    from .refstore.store import state_dir
+    from .statedir import state_dir
     from .repoguard import RepoGuard, RepositoryGone, open_store
     try:
         os.nice(background.NICE)
@@ -347,7 +347,7 @@ def _depth1_entries(items) -> dict[str, int]:
 def _cmd_stats(args: argparse.Namespace) -> int:
     from . import admission
     from .cache import evict, responses, stats
-    from .refstore.store import state_dir
+    from .statedir import state_dir
     rows = []
     for repo in args.repo:
         gitdir = os.path.abspath(repo)

@@ -12,37 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from . import gitexec
+from . import configfiles, gitexec
+from .gitvalues import ConfigError, parse_bool, parse_size
 
 _ENV_KEYS = ("HOME", "XDG_CONFIG_HOME")
 _RACY_NS = 100_000_000
 _cache: dict[tuple, tuple[tuple, "RepoConfig"]] = {}
-
-_TRUE = {"true", "yes", "on", "1", ""}
-_FALSE = {"false", "no", "off", "0"}
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-class ConfigError(ValueError):
-    pass
-
-
-def _sources(gitdir: str, env: Mapping[str, str]) -> list[str]:
-    """The files git reads configuration from (includes aside)."""
-    files = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
-    if "GIT_CONFIG_GLOBAL" in env:
-        files.append(env["GIT_CONFIG_GLOBAL"])
-    else:
-        home = env.get("HOME", "")
-        xdg = env.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
-        if xdg:
-            files.append(os.path.join(xdg, "git", "config"))
-        if home:
-            files.append(os.path.join(home, ".gitconfig"))
-    if not parse_bool_quiet(env.get("GIT_CONFIG_NOSYSTEM")):
-        files.append(env.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig")
-    return files
-
 
 def _stamp(files: list[str]) -> tuple:
     out = []
@@ -53,39 +28,6 @@ def _stamp(files: list[str]) -> tuple:
         except OSError:
             out.append(None)
     return tuple(out)
-
-
-def parse_bool_quiet(value: Optional[str]) -> bool:
-    if value is None:
-        return False
-    try:
-        return parse_bool(value)
-    except ConfigError:
-        return False
-
-
-def parse_bool(value: Optional[str]) -> bool:
-    if value is None:
-        return True
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    try:
-        return int(v) != 0
-    except ValueError:
-        raise ConfigError(f"bad boolean config value '{value}'") from None
-
-
-def parse_size(value: str) -> int:
-    """git_parse_ulong: a number with an optional k/m/g suffix."""
-    v = value.strip().lower()
-    unit = v[-1:] if v[-1:] in ("k", "m", "g") else ""
-    digits = v[:-1] if unit else v
-    if not digits or not digits.isdigit():
-        raise ConfigError(f"bad numeric config value '{value}'")
-    return int(digits) * _UNITS[unit]
 
 
 def _key(name: str) -> str:
@@ -124,7 +66,7 @@ class RepoConfig:
         """The whole configuration stack as git reads it for GITDIR; a long-lived
         process reuses the last answer while none of its files changed."""
         e = dict(os.environ if env is None else env)
-        files = _sources(gitdir, e)
+        files = configfiles.sources(gitdir, e)
         key = (os.path.realpath(gitdir), tuple(sorted((k, v) for k, v in e.items()
                                                       if k.startswith("GIT_CONFIG") or k in _ENV_KEYS)))
         stamp = _stamp(files)

@@ -29,6 +29,7 @@ from .http.message import HttpError
 from .packs import background
 from .refs import HiddenRefs, RefSnapshot, shallow_roots
 from .repoconfig import ConfigError, parse_bool
+from .statedir import state_dir
 
 
 _ALLOW_TIP, _ALLOW_REACHABLE, _ALLOW_ANY = 1, 2, 4
@@ -163,6 +164,7 @@ _memo = Memo()
 
 def advertise(ctx) -> Iterator[bytes]:
     caps = _caps(ctx)
+    ctx.trace["replayable"] = caps.session_id is None     # http/replay.py: the same inputs give the same bytes
     if ctx.protocol_version == 2:
         return adv.v2_capabilities(caps)
     snap, hidden, shallow = _snapshot(ctx), HiddenRefs.from_config(ctx.config, "uploadpack"), shallow_roots(ctx.gitdir)
@@ -174,6 +176,7 @@ def advertise(ctx) -> Iterator[bytes]:
 def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
     """The ls-refs answer as one block (one write, not one per ref)."""
     snap = _snapshot(ctx)
+    ctx.trace["replayable"] = True
     key = ("ls-refs", req.peel, req.symrefs, req.unborn, tuple(req.prefixes), _caps(ctx).unborn,
            HiddenRefs.from_config(ctx.config, "uploadpack").patterns)
     return iter([_memo.get(snap, key, lambda: b"".join(_ls_refs_lines(ctx, req, snap)))])
@@ -275,7 +278,6 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     client waits) builds the wide answer at once."""
     from . import packhook
     from .cache import responses
-    from .refstore.store import state_dir
     depth1 = packhook.wants_wide_pack(req, ctx.env)
     sdir = state_dir(ctx.gitdir, ctx.env)
     if depth1:
@@ -294,17 +296,24 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
         if wide.no_client(ctx.env) and not wide.done(job):
             ctx.trace.update(cache="prewarm", depth1="wide")
             return _prewarmed(ctx, wide.build(job, wait=True, log=ctx.log.append),
-                              lambda: _cached(ctx, responses.answer(settings, key, lambda: compute(ctx, req, data),
-                                                                    ctx.log, interim)))
-    return _cached(ctx, responses.answer(settings, key, lambda: compute(ctx, req, data), ctx.log, interim))
+                              lambda: _cached(ctx, settings, responses.answer(
+                                  settings, key, lambda: compute(ctx, req, data), ctx.log, interim)))
+    return _cached(ctx, settings, responses.answer(settings, key, lambda: compute(ctx, req, data), ctx.log, interim))
 
 
-def _cached(ctx, answer) -> Iterable[bytes]:
+def _cached(ctx, settings, answer) -> Iterable[bytes]:
     from .cache import responses
     ctx.trace["cache"] = answer.mark
     if isinstance(answer.body, responses.EntryFile):
-        from .cache.entries import DEPTH1_LABELS
+        from .cache.entries import DEPTH1_LABELS, DEPTH1_STOCK
         from .http.dumb import FileBody
+        if answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK:
+            # http/replay.py: the same request, refs and settings get this entry again
+            effects = responses.replay_effects(settings, answer.body)
+            if "depth1" in ctx.trace:
+                from .cache import prewarm
+                effects.append(prewarm.demand_effect(state_dir(ctx.gitdir, ctx.env)))
+            ctx.trace.update(replayable=True, replay_file=responses.entry_span(answer.body), replay_effects=effects)
         if "depth1" in ctx.trace:           # what the entry holds (an entry older than the marks: unknown)
             label = DEPTH1_LABELS.get(answer.body.depth1)
             if label:

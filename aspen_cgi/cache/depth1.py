@@ -321,7 +321,7 @@ def _guard(gitdir: str, env: Mapping[str, str]):
     directory watched too when it is the repository's own), or None when it
     is already gone (then what a deletion under way left of Aspen's state
     is cleared, as undo() does)."""
-    from ..refstore.store import state_dir
+    from ..statedir import state_dir
     from ..repoguard import RepoGuard, RepositoryGone
     from . import responses
     sdir = state_dir(gitdir, env)
@@ -393,7 +393,7 @@ def _prewarm_imported(gitdirs: list[str]) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     """Detached, at niceness NICE: `prewarm GITDIR...` (after_import), or the
     wide build of the job in the environment (CGI, kick())."""
-    from ..refstore.store import state_dir
+    from ..statedir import state_dir
     from . import responses
     argv = sys.argv[1:] if argv is None else argv
     try:

@@ -52,6 +52,11 @@ def policy(env: Mapping[str, str]) -> str:
     return value if value in ("default", "all", "off") else "default"
 
 
+def demand_effect(sdir: str) -> tuple[str, str, str]:
+    """note_demand as a replayed request does it (http/replay.py): the file's mtime now."""
+    return ("touch", os.path.join(sdir, DEMAND_FILE), "")
+
+
 def note_demand(sdir: str) -> None:
     """A client asked for a depth-1 clone of the repository whose state lives in SDIR."""
     path = os.path.join(sdir, DEMAND_FILE)
@@ -156,7 +161,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     (repoguard.py), having removed what it made, when the repository
     was deleted, moved or replaced meanwhile."""
     from ..repoguard import RepoGuard, RepositoryGone, abandon, open_store
-    from ..refstore.store import state_dir
+    from ..statedir import state_dir
     from . import responses, stats
     mode = policy(env)
     sdir = state_dir(gitdir, env)
@@ -212,7 +217,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     """Pre-warm after a push, where depth-1 clones are asked for: a
     low-priority thread here, or a detached program. Whether one started."""
-    from ..refstore.store import state_dir
+    from ..statedir import state_dir
     from ..repoguard import RepositoryGone
     if policy(env) == "off" or not demanded(state_dir(gitdir, env), env):
         return False

@@ -157,6 +157,17 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
     return _uncached(s, compute)
 
 
+def entry_span(hit: EntryFile) -> tuple[str, int, int]:
+    """Where the answer in HIT's file lies: path, offset, length."""
+    return (hit.path, entries.HEADER_SIZE, hit.length)
+
+
+def replay_effects(s: Settings, hit: EntryFile) -> list[tuple[str, str, str]]:
+    """What a replayed hit (http/replay.py) does beside sending the entry:
+    what _complete does, as file operations (count the hit, mark it used)."""
+    return [("append", os.path.join(s.directory, stats.LOG), f"hit {int(hit.length)}\n"), ("atime", hit.path, "")]
+
+
 def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], None]] = None) -> Optional[Answer]:
     """NAME's complete entry as an answer marked MARK, counted and touched; or
     None. An entry still interim calls INTERIM."""

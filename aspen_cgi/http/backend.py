@@ -180,7 +180,7 @@ def _handle(req: Request) -> Response:
     max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
     namespace = env.get("GIT_NAMESPACE") or None
     handler = m.route.handler
-    trace = {"repo": repo.path}
+    trace = {"repo": repo.path, "gitdir": repo.gitdir}
 
     def snapshot() -> refs_mod.RefSnapshot:
         return ServiceContext(repo, config, cenv, 0, namespace, []).snapshot(namespace)

@@ -4,11 +4,10 @@ an error, never a spin; a gzip bomb stops at a bound."""
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from typing import IO, Optional
 
-from ..repoconfig import ConfigError, parse_size
+from ..gitvalues import ConfigError, parse_size
 from .limits import INFLATE_FREE, UNLIMITED, Limits
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024
@@ -196,7 +195,7 @@ def read_upload_request(stream: IO[bytes], length: Optional[int], gzip: bool, ma
                         limits: Limits = UNLIMITED) -> bytes:
     """Buffer an upload-pack request in full, as stock does, with its limits
     (and LIMITS' timeouts; ASPEN_MAX_PUSH_BYTES is for pushes)."""
-    limits = dataclasses.replace(limits, max_push_bytes=0)
+    limits = limits.for_fetch()
     if length is not None and length > max_buffer:
         raise BodyError(413, "Payload Too Large",
                         f"request was larger than our maximum size ({max_buffer}): {length}; "

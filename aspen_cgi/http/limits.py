@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
-from typing import Mapping, Optional
+from ..gitvalues import ConfigError, parse_size
 
-from ..repoconfig import ConfigError, parse_size
+TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
 
 DEFAULT_IDLE_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 3600.0
@@ -44,13 +45,24 @@ def _size(env: Mapping[str, str], name: str) -> int:
         return 0
 
 
-@dataclass(frozen=True)
 class Limits:
-    max_push_bytes: int = 0                       # 0: unlimited
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT    # 0: none
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT  # 0: none
-    started: float = 0.0                          # time.monotonic() when the request began
-    inflate_ratio: int = INFLATE_RATIO            # gzip bomb guard; 0: none
+    """max_push_bytes (0: unlimited), idle_timeout and request_timeout
+    (seconds; 0: none), started (time.monotonic() when the request began),
+    inflate_ratio (gzip bomb guard; 0: none)."""
+    __slots__ = ("max_push_bytes", "idle_timeout", "request_timeout", "started", "inflate_ratio")
+
+    def __init__(self, max_push_bytes: int = 0, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 request_timeout: float = DEFAULT_REQUEST_TIMEOUT, started: float = 0.0,
+                 inflate_ratio: int = INFLATE_RATIO):
+        self.max_push_bytes = max_push_bytes
+        self.idle_timeout = idle_timeout
+        self.request_timeout = request_timeout
+        self.started = started
+        self.inflate_ratio = inflate_ratio
+
+    def for_fetch(self) -> "Limits":
+        """The same limits less the push bound (ASPEN_MAX_PUSH_BYTES is for pushes)."""
+        return Limits(0, self.idle_timeout, self.request_timeout, self.started, self.inflate_ratio)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], started: Optional[float] = None) -> "Limits":

@@ -387,7 +387,7 @@ def _unquiet(store, quiet: float) -> float:
 def _build(gitdir: str, env: Mapping[str, str]) -> None:
     """A server thread's builder (IN_PROCESS): the thread itself runs at
     niceness NICE (Linux keeps one per thread), and so do its git children."""
-    from ..refstore.store import state_dir
+    from ..statedir import state_dir
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(NICE, gitexec.niceness()))
     except OSError:

@@ -24,12 +24,12 @@ import time
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from .. import refs as refs_mod
+from ..statedir import state_dir
 from . import db, diskrefs, fingerprint, reflocks, segments, views
 from .owners import fault, owner_alive, owner_id
 from .model import (ZERO, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
                     Version, VersionMeta, VerifyReport, Visits)
 
-STATE_DIR_ENV = "ASPEN_STATE_DIR"     # keep the store outside read-only repositories
 DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no store
 
 # Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
@@ -66,13 +66,6 @@ def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
 
 def _disabled(env: Mapping[str, str]) -> bool:
     return (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0"
-
-
-def state_dir(gitdir: str, env: Mapping[str, str]) -> str:
-    base = env.get(STATE_DIR_ENV) or os.environ.get(STATE_DIR_ENV)
-    if base:
-        return os.path.join(base, os.path.realpath(gitdir).lstrip("/"))
-    return os.path.join(gitdir, "aspen")
 
 
 def _file_id(path: str) -> Optional[tuple[int, int]]:

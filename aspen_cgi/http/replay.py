@@ -1,0 +1,257 @@
+"""Recorded answers, for the CGI program: an answer that is a function of the
+request, the environment and a known list of files is kept in the
+repository's state directory, and a later request with the same inputs gets
+the same bytes back without the request pipeline, its imports or a git child.
+
+Recorded: upload-pack advertisements (`GET info/refs?service=git-upload-pack`,
+any protocol version) and v2 `ls-refs` answers, which is what pollers send,
+and fetches the response cache answered from a complete entry (a clone storm:
+one request in the pipeline, the rest replayed), kept as a reference to the
+cache entry, whose identity is one of the inputs. An entry holds the request's key (the environment less what varies
+per client, e.g. REMOTE_ADDR and User-Agent; the body; the effective uid) and
+the stat of every file the answer was computed from: the repository's path
+candidates (as enter_repo tries them), the git directory, HEAD, packed-refs and
+every directory under refs/ (git renames every ref into place, which changes
+its directory), git-daemon-export-ok, shallow, and the configuration files.
+Any difference and the entry is not used. A file whose timestamp was too
+recent to tell a later change in the same tick (as in refstore/fingerprint.py)
+keeps the answer from being recorded. The service decides what may be
+recorded (trace `replayable`: no per-process values such as a session id;
+`replay_file` and `replay_effects` for a cache entry: what a replay must do
+beside sending it, e.g. count the hit), and a configuration with include
+directives is never recorded.
+
+Imports only os, time and zlib: it runs before anything else in aspen-cgi."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
+
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
+
+from ..configfiles import sources
+from ..statedir import state_dir
+
+MAGIC = b"aspen-replay 1\n"
+MAX_BODY = 1 << 20          # request bodies larger than this are not looked up
+MAX_ANSWER = 4 << 20        # answers larger than this are not recorded
+SLOTS = 256                 # entries per repository at most (by key checksum)
+RACY_NS = 100_000_000
+COARSE_RACY_NS = 2_000_000_000
+SUFFIXES = ("/.git", "", ".git/.git", ".git")   # enter_repo's order (http/paths.py)
+
+# What varies per client or per connection and never changes an advertisement or ls-refs answer.
+_PER_CLIENT = frozenset((
+    "REMOTE_ADDR", "REMOTE_PORT", "REMOTE_HOST", "UNIQUE_ID", "REQUEST_TIME", "REQUEST_TIME_FLOAT",
+    "HTTP_USER_AGENT", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_ACCEPT_LANGUAGE", "HTTP_CONNECTION",
+    "HTTP_PRAGMA", "HTTP_CACHE_CONTROL", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PORT", "HTTP_X_REAL_IP",
+    "HTTP_X_REQUEST_ID", "HTTP_TRACEPARENT", "HTTP_TRACESTATE", "SSL_SESSION_ID", "SSL_SESSION_RESUMED",
+))
+
+
+class Recorded:
+    """A recorded answer: the CGI header block as sent; the body, inline or as
+    (path, offset, length) of a file; what to do when it is sent (EFFECTS:
+    (op, path, text)); and the access-line fields of the request that computed it."""
+    __slots__ = ("head", "body", "file", "effects", "trace")
+
+    def __init__(self, head: bytes, body: bytes, file: Optional[tuple[str, int, int]],
+                 effects: list[tuple[str, str, str]], trace: dict):
+        self.head, self.body, self.file, self.effects, self.trace = head, body, file, effects, trace
+
+    @property
+    def length(self) -> int:
+        return self.file[2] if self.file is not None else len(self.body)
+
+    def apply_effects(self) -> None:
+        """`append` TEXT to a file; `atime`: mark a file used now (its mtime kept);
+        `touch`: its mtime now. Never fails the request."""
+        for op, path, text in self.effects:
+            try:
+                if op == "append":
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                    try:
+                        os.write(fd, text.encode())
+                    finally:
+                        os.close(fd)
+                elif op == "atime":
+                    os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
+                elif op == "touch":
+                    os.utime(path)
+            except OSError:
+                pass
+
+
+def kind(env: Mapping[str, str]) -> Optional[str]:
+    """'advert' or 'post' for a request whose answer may have been recorded, else None."""
+    method = env.get("REQUEST_METHOD")
+    path = env.get("PATH_INFO", "")
+    if method == "GET":
+        if path.endswith("/info/refs") and env.get("QUERY_STRING") == "service=git-upload-pack":
+            return "advert"
+    elif method == "POST" and path.endswith("/git-upload-pack"):
+        if env.get("CONTENT_TYPE") == "application/x-git-upload-pack-request":
+            length = env.get("CONTENT_LENGTH", "")
+            if length.isdigit() and 0 < int(length) <= MAX_BODY:
+                return "post"
+    return None
+
+
+def _repo_dir(env: Mapping[str, str]) -> Optional[str]:
+    """getdir() less the route, for the two routes above; None where stock would refuse the path."""
+    root = env.get("GIT_PROJECT_ROOT", "")
+    path = env.get("PATH_INFO", "")
+    if root:
+        if not path.startswith("/") or "/." in path or "//" in path:
+            return None
+        full = root + ("" if root.endswith("/") else "/") + path[1:]
+    else:
+        full = env.get("PATH_TRANSLATED", "")
+        if not full:
+            return None
+    for route in ("/info/refs", "/git-upload-pack"):
+        if full.endswith(route):
+            return full[:-len(route)]
+    return None
+
+
+def _key(env: Mapping[str, str], body: bytes) -> bytes:
+    parts = [f"{k}={v}" for k, v in sorted(env.items()) if k not in _PER_CLIENT]
+    parts.append(f"euid={os.geteuid()}")
+    return "\0".join(parts).encode("utf-8", "surrogateescape") + b"\0\0" + body
+
+
+def _slot(key: bytes) -> str:
+    return f"{zlib.crc32(key) % SLOTS:02x}"
+
+
+def _stat_key(path: str) -> str:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "-"
+    return f"{st.st_ino},{st.st_mtime_ns},{st.st_size},{st.st_mode},{st.st_uid}"
+
+
+def _stats(paths: list[str]) -> bytes:
+    return "\0".join(f"{p}\0{_stat_key(p)}" for p in paths).encode("utf-8", "surrogateescape")
+
+
+def lookup(env: Mapping[str, str], body: bytes = b"") -> Optional[Recorded]:
+    """The recorded answer to this request, if every input is as it was."""
+    repo = _repo_dir(env)
+    if repo is None:
+        return None
+    key = _key(env, body)
+    slot = _slot(key)
+    for suffix in SUFFIXES:
+        try:
+            with open(os.path.join(state_dir(repo + suffix, env), "replay", slot), "rb") as f:
+                data = f.read(MAX_ANSWER + 65536)
+        except OSError:
+            continue
+        return _parse(data, key)
+    return None
+
+
+def _parse(data: bytes, key: bytes) -> Optional[Recorded]:
+    if not data.startswith(MAGIC):
+        return None
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        sizes = [int(n) for n in data[len(MAGIC):end].split(b" ")]
+    except ValueError:
+        return None
+    if len(sizes) != 7:
+        return None
+    pos = end + 1
+    parts = []
+    for n in sizes:
+        parts.append(data[pos:pos + n])
+        pos += n
+    if pos != len(data) or parts[0] != key:
+        return None
+    names = parts[1].split(b"\0")[0::2]
+    if parts[1] != _stats([n.decode("utf-8", "surrogateescape") for n in names]):
+        return None
+    text = [p.decode("utf-8", "surrogateescape") for p in (parts[2], parts[5], parts[6])]
+    fields = dict(f.split("=", 1) for f in text[0].split("\0") if "=" in f)
+    ref = text[1].split("\0")
+    file = (ref[0], int(ref[1]), int(ref[2])) if len(ref) == 3 else None
+    words = text[2].split("\0") if text[2] else []
+    effects = [(words[i], words[i + 1], words[i + 2]) for i in range(0, len(words) - 2, 3)]
+    return Recorded(parts[3], parts[4], file, effects, fields)
+
+
+def _inputs(repo: str, gitdir: str, env: Mapping[str, str]) -> list[str]:
+    paths = [repo + s for s in SUFFIXES]
+    if gitdir.endswith("/.git"):
+        paths.append(os.path.dirname(gitdir))     # a work tree's owner counts too (paths.check_ownership)
+    paths += [gitdir] + [os.path.join(gitdir, n) for n in (
+        "HEAD", "packed-refs", "objects", "git-daemon-export-ok", "shallow", "commondir")]
+    stack = [os.path.join(gitdir, "refs")]
+    while stack:
+        d = stack.pop()
+        paths.append(d)
+        try:
+            with os.scandir(d) as it:
+                stack.extend(sorted((e.path for e in it if e.is_dir(follow_symlinks=False)), reverse=True))
+        except OSError:
+            pass
+    paths += sources(gitdir, env)
+    return paths
+
+
+def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer: bytes, trace: Mapping) -> bool:
+    """Keep the answer for later requests like this one: ANSWER, or the file
+    trace['replay_file'] names; False when it may not be kept (racy
+    timestamps, no state directory, too large) or writing failed."""
+    repo = _repo_dir(env)
+    file = trace.get("replay_file")
+    if repo is None or len(answer) > MAX_ANSWER:
+        return False
+    paths = _inputs(repo, gitdir, env) + ([file[0]] if file else [])
+    now = time.time_ns()
+    for p in paths:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        newest = st.st_mtime_ns
+        racy = COARSE_RACY_NS if st.st_mtime_ns % 1_000_000_000 == 0 else RACY_NS
+        if now - newest <= racy:
+            return False
+    key = _key(env, body)
+    stats = _stats(paths)
+    sdir = state_dir(gitdir, env)
+    if not os.path.isdir(sdir):
+        return False        # never made here: a repository deleted meanwhile gets nothing back
+    directory = os.path.join(sdir, "replay")
+    fields = "\0".join(f"{k}={trace[k]}" for k in ("repo", "service", "version", "cache", "depth1") if k in trace)
+    ref = "\0".join(str(v) for v in file) if file else ""
+    effects = "\0".join(w for e in trace.get("replay_effects", ()) for w in e)
+    parts = [p.encode("utf-8", "surrogateescape") for p in (fields, ref, effects)]
+    parts = (key, stats, parts[0], head, answer, parts[1], parts[2])
+    data = MAGIC + " ".join(str(len(p)) for p in parts).encode() + b"\n" + b"".join(parts)
+    tmp = os.path.join(directory, f".{_slot(key)}.{os.getpid()}")
+    try:
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            pass
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(directory, _slot(key)))
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        return False
+    return True
+
+

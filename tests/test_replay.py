@@ -1,0 +1,223 @@
+"""aspen-cgi's recorded answers (aspen_cgi/http/replay.py): a request whose
+inputs are unchanged gets the recorded bytes back without the pipeline; any
+change to an input (refs, HEAD, configuration, export file, shallow file,
+the user, the cache entry) and the pipeline answers again, with the same
+bytes the pipeline gives a request that was never recorded.
+
+The reference answer for each state comes from aspen-cgi with one extra
+environment variable of its own (a new key: never replayed). Files are aged
+past the racy window after each change, as a poller meets a repository whose
+last push was more than a tenth of a second ago."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .cgiserver import cgi_server_factory  # noqa: F401
+from .harness import aspen, git, make_history, out, stock
+
+ADVERT = {"REQUEST_METHOD": "GET", "QUERY_STRING": "service=git-upload-pack", "GIT_HTTP_EXPORT_ALL": "1"}
+
+
+def _age(*roots: Path) -> None:
+    """Every file and directory under ROOTS (and the roots) one second old, as
+    on a repository nobody pushed to within the racy window."""
+    then = time.time_ns() - 1_000_000_000
+    for root in roots:
+        if not root.exists():
+            continue
+        os.utime(root, ns=(then, then), follow_symlinks=False)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                os.utime(os.path.join(dirpath, name), ns=(then, then), follow_symlinks=False)
+
+
+def _ask(env: dict, body: bytes = b"", fresh: bool = False):
+    e = dict(env, ASPEN_ACCESS_LOG="1")
+    if fresh:
+        e["ASPEN_TEST_KEY"] = uuid.uuid4().hex      # a key of its own: the pipeline answers
+    res = aspen(e, body)
+    return res, b"replayed=1" in res.stderr
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    bare = make_history(root / "r.git", commits=4)
+    home = tmp_path / "home"
+    home.mkdir()
+    return root, bare, home
+
+
+def _env(root: Path, home: Path, **extra) -> dict:
+    return {**ADVERT, "GIT_PROJECT_ROOT": str(root), "PATH_INFO": "/r.git/info/refs", "HOME": str(home), **extra}
+
+
+def _settled(env: dict, body: bytes, *paths: Path):
+    """The pipeline's answer in the current state, then the same request twice:
+    the second is replayed, and all three carry the same bytes."""
+    _age(*paths)
+    ref, replayed = _ask(env, body, fresh=True)
+    assert not replayed
+    first, _ = _ask(env, body)
+    second, replayed = _ask(env, body)
+    assert replayed, f"not replayed: {second.stderr!r}"
+    assert (first.status, first.raw_head, first.body) == (ref.status, ref.raw_head, ref.body)
+    assert (second.status, second.raw_head, second.body) == (ref.status, ref.raw_head, ref.body)
+    return second
+
+
+def _changes(bare: Path, home: Path):
+    head = out("rev-parse", "main", cwd=str(bare))
+    yield "update a ref", lambda: git("update-ref", "refs/heads/main", "main~1", cwd=str(bare))
+    yield "a branch in a new directory", lambda: git("branch", "feature/x", head, cwd=str(bare))
+    yield "delete a branch", lambda: git("branch", "-D", "topic", cwd=str(bare))
+    yield "pack the refs", lambda: git("pack-refs", "--all", "--prune", cwd=str(bare))
+    yield "a tag", lambda: git("tag", "later", head, cwd=str(bare))
+    yield "move HEAD", lambda: git("symbolic-ref", "HEAD", "refs/heads/feature/x", cwd=str(bare))
+    yield "hide tags in the repository's config", lambda: git("config", "uploadpack.hiderefs", "refs/tags",
+                                                              cwd=str(bare))
+    yield "hide branches in the global config", lambda: (home / ".gitconfig").write_text(
+        "[uploadpack]\n\thiderefs = refs/heads/feature\n")
+    yield "a shallow file", lambda: (bare / "shallow").write_text(head + "\n")
+
+
+def test_advertisement_is_replayed_until_an_input_changes(repo):
+    root, bare, home = repo
+    env = _env(root, home)
+    seen = set()
+    _settled(env, b"", bare, home)
+    for what, change in _changes(bare, home):
+        change()
+        after = _settled(env, b"", bare, home)
+        assert after.status == 200, what
+        if what != "pack the refs":
+            assert after.body not in seen, f"{what}: the answer did not change"
+        seen.add(after.body)
+
+
+def test_v2_ls_refs_is_replayed_until_an_input_changes(repo):
+    root, bare, home = repo
+    env = _env(root, home, REQUEST_METHOD="POST", PATH_INFO="/r.git/git-upload-pack", QUERY_STRING="",
+               HTTP_GIT_PROTOCOL="version=2", CONTENT_TYPE="application/x-git-upload-pack-request")
+    from aspen_cgi.protocol.pktline import DELIM, FLUSH, encode
+    body = (encode(b"command=ls-refs\n") + encode(b"agent=git/2.39.5\n") + DELIM + encode(b"peel\n")
+            + encode(b"symrefs\n") + encode(b"ref-prefix HEAD\n") + encode(b"ref-prefix refs/heads/") + FLUSH)
+    env["CONTENT_LENGTH"] = str(len(body))
+    seen = set()
+    for what, change in [("as made", lambda: None)] + list(_changes(bare, home)):
+        change()
+        after = _settled(env, body, bare, home)
+        assert after.status == 200 and after.body.endswith(b"0000"), what
+        seen.add(after.body)
+    assert len(seen) >= 5
+
+
+def test_what_varies_per_client_shares_an_answer_and_the_user_does_not(repo):
+    root, bare, home = repo
+    env = _env(root, home, REMOTE_ADDR="10.0.0.1", HTTP_USER_AGENT="git/2.39.5")
+    _settled(env, b"", bare, home)
+    _, replayed = _ask(dict(env, REMOTE_ADDR="10.0.0.2", REMOTE_PORT="4711", HTTP_USER_AGENT="git/2.47.0"))
+    assert replayed
+    _, replayed = _ask(dict(env, REMOTE_USER="alice"))
+    assert not replayed
+    _, replayed = _ask(dict(env, HTTP_GIT_PROTOCOL="version=2"))
+    assert not replayed
+
+
+def test_a_repository_no_longer_exported_gets_stocks_404(repo):
+    root, bare, home = repo
+    (bare / "git-daemon-export-ok").write_text("")
+    env = _env(root, home)
+    del env["GIT_HTTP_EXPORT_ALL"]
+    _settled(env, b"", bare, home)
+    (bare / "git-daemon-export-ok").unlink()
+    res, replayed = _ask(env)
+    assert not replayed
+    assert res.status == stock(env).status == 404
+
+
+def test_racy_refs_are_not_recorded(repo):
+    """A ref file written within the racy window of the answer: no entry, so a
+    change in the same clock tick can never be hidden."""
+    root, bare, home = repo
+    env = _env(root, home)
+    _age(bare, home)
+    soon = time.time_ns() + 10_000_000_000
+    os.utime(bare / "refs" / "heads", ns=(soon, soon))
+    _ask(env)
+    _, replayed = _ask(env)
+    assert not replayed
+    assert not (bare / "aspen" / "replay").exists() or not any(
+        not p.name.startswith(".") for p in (bare / "aspen" / "replay").iterdir())
+
+
+def test_a_damaged_entry_is_ignored(repo):
+    root, bare, home = repo
+    env = _env(root, home)
+    good = _settled(env, b"", bare, home)
+    for entry in (bare / "aspen" / "replay").iterdir():
+        data = entry.read_bytes()
+        entry.write_bytes(data[:len(data) // 2])
+    res, replayed = _ask(env)
+    assert not replayed and res.body == good.body
+    for entry in (bare / "aspen" / "replay").iterdir():
+        entry.write_bytes(b"aspen-replay 1\nnot numbers\n")
+    res, replayed = _ask(env)
+    assert not replayed and res.body == good.body
+
+
+def test_a_deleted_repository_gets_404_and_nothing_is_made(repo):
+    import shutil
+    root, bare, home = repo
+    env = _env(root, home)
+    _settled(env, b"", bare, home)
+    shutil.rmtree(bare)
+    res, replayed = _ask(env)
+    assert not replayed and res.status == 404
+    assert not bare.exists()
+
+
+def test_clones_replay_the_cache_entry_and_count_the_hit(repo, tmp_path, cgi_server_factory):
+    """The third identical clone is sent straight from the cache entry the
+    second one hit; it passes fsck, and `aspen stats` counts it as a hit.
+    Replacing the entry's file (as eviction or a wider depth-1 answer does)
+    sends the next clone through the pipeline again."""
+    root, bare, home = repo
+    _age(bare)
+    server = cgi_server_factory(root, "aspen", ASPEN_ACCESS_LOG="1", HOME=str(home))
+    url = f"{server.url}/r.git"
+    refs = out("for-each-ref", "--format=%(objectname) %(refname)", cwd=str(bare))
+
+    def clone(n: int) -> str:
+        dest = tmp_path / f"c{n}"
+        git("clone", "-q", "--bare", url, str(dest))
+        git("fsck", "--strict", cwd=str(dest))
+        assert out("for-each-ref", "--format=%(objectname) %(refname)", cwd=str(dest)) == refs
+        return server.log_text()
+
+    clone(1)
+    cache = bare / "aspen" / "cache"
+    _age(cache)
+    clone(2)
+    log = clone(3)
+    fetches = [line for line in log.splitlines() if line.startswith("aspen:") and "method=POST" in line
+               and "service=upload-pack" in line and "cache=" in line]
+    assert [("cache=hit" in f, "replayed=1" in f) for f in fetches] == [(False, False), (True, False), (True, True)]
+    events = (cache / "events.log").read_text().split()
+    assert events.count("hit") == 2
+
+    entry = next(p for p in cache.iterdir() if p.name.endswith(".entry") or p.suffix == "")
+    data = entry.read_bytes()
+    entry.unlink()
+    entry.write_bytes(data)
+    _age(cache)
+    log = clone(4)
+    last = [line for line in log.splitlines() if "method=POST" in line and "cache=" in line][-1]
+    assert "replayed=1" not in last and "cache=hit" in last
