@@ -12,6 +12,7 @@ from .. import gitexec
 from .. import refs as refs_mod
 from ..protocol.pktline import ProtocolError
 from ..repoconfig import ConfigError, RepoConfig
+from ..accesslog import METRICS_KEY
 from . import dumb, paths, routes
 from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
@@ -20,6 +21,7 @@ from .message import HttpError, Request, Response
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
+METRICS_PATH = "/_aspen/metrics"     # metrics.PATH (kept here so that the 404 path does not load metrics.py)
 
 
 @dataclass
@@ -155,7 +157,18 @@ def handle(req: Request) -> Response:
         import traceback
         resp = error_response(HttpError(500, "Internal Server Error",
                                         "aspen: internal error\n" + traceback.format_exc()), seen)
+    where = _metrics_dir(req.env)
+    if where is not None:
+        resp.trace[METRICS_KEY] = where      # counted as the adapter closes the response (accesslog.Counted)
     return resp
+
+
+def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
+    """Where this server counts (ASPEN_METRICS=1), or None; metrics.py loads only when it is on."""
+    if not (env.get("ASPEN_METRICS") or os.environ.get("ASPEN_METRICS")):
+        return None
+    from .. import metrics
+    return metrics.directory(env) if metrics.enabled(env) else None
 
 
 # What an error response's access line keeps of the request it ended: the repository, the
@@ -174,6 +187,14 @@ def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
     return Response(e.status, e.reason, hdrs, [e.body] if e.body else [], [e.log] if e.log else [], trace)
 
 
+def _metrics_response(env: Mapping[str, str]) -> Response:
+    """The server's metrics in Prometheus' text format (metrics.PATH, ASPEN_METRICS=1)."""
+    from .. import metrics
+    body = metrics.exposition(metrics.snapshot(env)).encode()
+    hdrs = H.nocache() + [("Content-Length", str(len(body))), ("Content-Type", metrics.CONTENT_TYPE)]
+    return Response(200, "OK", hdrs, [body], trace={"service": "metrics"})
+
+
 def _handle(req: Request, seen: dict) -> Response:
     env = req.env
     method = env.get("REQUEST_METHOD")
@@ -184,6 +205,9 @@ def _handle(req: Request, seen: dict) -> Response:
     full = paths.getdir(env)
     m = routes.match(full)
     if m is None:
+        # no route can match metrics.PATH (see there), so it never hides a repository
+        if method == "GET" and env.get("PATH_INFO") == METRICS_PATH and _metrics_dir(env) is not None:
+            return _metrics_response(env)
         raise HttpError(404, "Not Found", f"Request not supported: '{full}'")
     if m.route.method != method:
         if env.get("SERVER_PROTOCOL") == "HTTP/1.1":
