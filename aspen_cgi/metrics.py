@@ -119,11 +119,38 @@ def enabled(env: Mapping[str, str]) -> bool:
     return value not in ("", "0", "off", "false", "no")
 
 
+def _base(env: Mapping[str, str]) -> tuple[str, bool]:
+    """(the directory metrics/ goes in, whether it is the run directory)."""
+    state = env.get("ASPEN_STATE_DIR") or os.environ.get("ASPEN_STATE_DIR")
+    if state:
+        return state, False
+    return env.get("ASPEN_RUN_DIR") or os.environ.get("ASPEN_RUN_DIR") or f"/tmp/aspen-run-{os.getuid()}", True
+
+
 def directory(env: Mapping[str, str]) -> str:
-    base = env.get("ASPEN_STATE_DIR") or os.environ.get("ASPEN_STATE_DIR")
-    if not base:
-        base = env.get("ASPEN_RUN_DIR") or os.environ.get("ASPEN_RUN_DIR") or f"/tmp/aspen-run-{os.getuid()}"
-    return os.path.join(base, SUBDIR)
+    return os.path.join(_base(env)[0], SUBDIR)
+
+
+_made: set[str] = set()
+
+
+def prepare(env: Mapping[str, str]) -> str:
+    """The directory this server counts in, made if missing: a missing run
+    directory as admission makes it (sticky, open to every user: mod_wsgi's
+    and Apache's users share it), a missing state directory for this user
+    only (it holds ref stores)."""
+    where = directory(env)
+    if where not in _made:
+        try:
+            if not os.path.isdir(where):
+                base, run = _base(env)
+                if not os.path.isdir(base):
+                    os.makedirs(base, mode=0o1777 if run else 0o755, exist_ok=True)
+                os.makedirs(where, exist_ok=True)
+            _made.add(where)
+        except OSError:
+            pass              # counting will find it missing and leave the request uncounted
+    return where
 
 
 # -- series -----------------------------------------------------------------------------------------
@@ -227,21 +254,11 @@ class _Slot:
 
     @classmethod
     def claim(cls, where: str) -> Optional["_Slot"]:
-        made = False
+        """The first free slot in WHERE (made by prepare()), or None."""
         i = 0
         while i < MAX_SLOTS:
-            first = os.path.join(where, f"p{i}.0")
             try:
-                fd = os.open(first, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except FileNotFoundError:
-                if made:
-                    return None
-                try:
-                    os.makedirs(where, exist_ok=True)
-                except OSError:
-                    return None
-                made = True
-                continue
+                fd = os.open(os.path.join(where, f"p{i}.0"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError:
                 return None
             try:
@@ -377,7 +394,10 @@ def note_backlog(where: str, store_path: str) -> None:
             if time.time() - os.stat(mark).st_mtime < REFRESH_S:
                 return
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(mark), exist_ok=True)
+            try:
+                os.mkdir(os.path.dirname(mark))      # one level: WHERE is prepare()'s
+            except FileExistsError:
+                pass
         tmp = f"{mark}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(store_path + "\n")

@@ -358,7 +358,8 @@ def test_only_get_of_the_exact_path_is_metrics_and_repositories_stay_reachable(t
 
 
 GETS = metrics.key("aspen_requests_total", service="upload-pack", method="GET", status="200")
-COUNT_ONE = ("import sys; from aspen_cgi import metrics\n"
+COUNT_ONE = ("import os, sys; from aspen_cgi import metrics\n"
+             "os.makedirs(sys.argv[1], exist_ok=True)\n"
              "metrics.count(sys.argv[1], 'GET', 200, 10, {'service': 'upload-pack'})\n")
 
 
@@ -420,3 +421,19 @@ def test_readers_never_see_a_torn_count_and_kill_9_loses_nothing_written(tmp_pat
     assert _count_in_a_process(where).wait(timeout=60) == 0
     assert metrics.totals(where)[GETS] == last + 1
     assert sorted(os.listdir(where)) == ["p0.0", "p0.1"]
+
+
+def test_the_directory_is_made_as_admission_makes_the_run_directory(tmp_path):
+    """A missing ASPEN_RUN_DIR is made sticky and open to every user, as admission
+    makes it (mod_wsgi's and Apache's users share it); a missing
+    ASPEN_STATE_DIR for this user only (it holds ref stores)."""
+    old = os.umask(0o022)
+    try:
+        run = tmp_path / "run"
+        assert metrics.prepare({"ASPEN_RUN_DIR": str(run)}) == str(run / "metrics")
+        assert (run / "metrics").is_dir() and run.stat().st_mode & 0o7777 == 0o1755
+        state = tmp_path / "state"
+        assert metrics.prepare({"ASPEN_STATE_DIR": str(state), "ASPEN_RUN_DIR": str(run)}) == str(state / "metrics")
+        assert (state / "metrics").is_dir() and state.stat().st_mode & 0o7777 == 0o755
+    finally:
+        os.umask(old)

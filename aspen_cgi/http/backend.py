@@ -145,6 +145,7 @@ def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) 
 def handle(req: Request) -> Response:
     """Answer one request. Never raises: every failure is a Response."""
     seen: dict = {}
+    where = _metrics_dir(req.env)
     try:
         resp = _handle(req, seen)
     except HttpError as e:
@@ -157,7 +158,6 @@ def handle(req: Request) -> Response:
         import traceback
         resp = error_response(HttpError(500, "Internal Server Error",
                                         "aspen: internal error\n" + traceback.format_exc()), seen)
-    where = _metrics_dir(req.env)
     if where is not None:
         resp.trace[METRICS_KEY] = where      # counted as the adapter closes the response (accesslog.Counted)
     return resp
@@ -168,7 +168,7 @@ def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
     if not (env.get("ASPEN_METRICS") or os.environ.get("ASPEN_METRICS")):
         return None
     from .. import metrics
-    return metrics.directory(env) if metrics.enabled(env) else None
+    return metrics.prepare(env) if metrics.enabled(env) else None
 
 
 # What an error response's access line keeps of the request it ended: the repository, the
