@@ -82,8 +82,8 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
      "Upload-pack fetch responses by plan: planned (spliced from stored packs), fallback (git's "
      "upload-pack) or refused, and why (the access line's plan= and why=)."),
     ("aspen_fetch_cache_total", "counter", "fetches by response-cache result (result)",
-     "Upload-pack fetch responses by response-cache result: hit, shared, cold, uncached, prewarm, "
-     "overloaded (refused with 503)."),
+     "Upload-pack fetch responses by response-cache result: hit, shared, cold, uncached, overloaded "
+     "(refused with 503)."),
     ("aspen_fetch_bytes_total", "counter", "upload-pack response bytes (source)",
      "Upload-pack response bytes by source: stored (spliced from stored packs), git (computed by git "
      "upload-pack), cache (served from the response cache), other (ls-refs, refusals, other commands)."),
