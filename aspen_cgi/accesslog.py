@@ -1,6 +1,8 @@
 """One greppable line per request: repo, service, status, bytes, ms, and the
 plan or fallback; and for every upload-pack fetch response, one JSON line
-(`aspen-plan {...}`) with the planner's trace, which the bench reads."""
+(`aspen-plan {...}`) with the planner's trace, which the bench reads. With
+ASPEN_METRICS=1 the same trace is added to the server's counters
+(metrics.py) as the response closes."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import time
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:
     from typing import IO, Iterable, Iterator
+
+
+METRICS_KEY = "metrics_dir"     # in a response's trace: count it in this metrics directory (metrics.py)
 
 
 def enabled(env) -> bool:
@@ -73,9 +78,17 @@ class Counted:
                 self.errors.flush()
             except (OSError, ValueError):
                 pass
-        if self.log and not self._done:
-            self._done = True
-            method, path, status = self.head
+        if self._done:
+            return
+        self._done = True
+        method, path, status = self.head
+        where = self.trace.get(METRICS_KEY)
+        if where:
+            # ASPEN_METRICS=1 (http/backend.handle put the directory here): both adapters close
+            # through here, so every response is counted once; the module loads only then
+            from . import metrics
+            metrics.count(where, method, status, self.nbytes, self.trace)
+        if self.log:
             try:
                 self.errors.write(line(method, path, status, self.nbytes, self.started, self.trace))
                 if "plan" in self.trace:

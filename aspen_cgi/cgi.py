@@ -107,6 +107,10 @@ def _replayed(env, body: bytes, started: float) -> bool:
     except OSError:
         trace["ended"] = "entry-gone"
     hit.apply_effects()
+    if env.get("ASPEN_METRICS"):
+        from . import metrics
+        if metrics.enabled(env):
+            metrics.count(metrics.prepare(env), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
     from .accesslog import enabled, line
     if enabled(env):
         sys.stderr.write(line(env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""), 200, hit.length,

@@ -1,6 +1,7 @@
 """`aspen`: the operator's command line. `dev` serves repositories; `log`,
 `verify`, `compact`, `import` and `query` read and maintain a repository's
-ref store and version packs; `stats` reports the response cache."""
+ref store and version packs; `stats` reports the response cache, and with
+`--server` the server's metrics (metrics.py)."""
 
 from __future__ import annotations
 
@@ -348,6 +349,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from . import admission
     from .cache import evict, responses, stats
     from .statedir import state_dir
+    if not args.repo and not args.server:
+        raise SystemExit("aspen stats: name a repository, or --server for the server's metrics")
     rows = []
     for repo in args.repo:
         gitdir = os.path.abspath(repo)
@@ -370,6 +373,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
                      "depth1_kept": c.counts["depth1_kept"], "depth1_entries": _depth1_entries(items)})
     g = admission.gauges(admission.limits(os.environ))
     server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
+    values = None
+    if args.server:
+        from . import metrics
+        values = metrics.snapshot(os.environ)
+        server.update({"metrics_dir": metrics.directory(os.environ), "metrics": metrics.families(values)})
     if args.json:
         print(json.dumps({"repositories": rows, "server": server}, indent=2))
         return 0
@@ -386,9 +394,36 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         d1 = r["depth1_entries"]
         print(f"  depth-1 clones: entries stock {d1['stock']}, wide {d1['wide']}, stock-kept {d1['stock-kept']}; "
               f"made wide in the background {r['depth1_wide']}, kept git's {r['depth1_kept']}")
-    print(f"server: cold computations running {server['cold_running']}, queue depth {server['queue_depth']}, "
-          f"pack builds running {server['builds_running']}")
+    if values is not None:
+        _print_metrics(server["metrics_dir"], values)
+    else:
+        print(f"server: cold computations running {server['cold_running']}, queue depth {server['queue_depth']}, "
+              f"pack builds running {server['builds_running']}")
     return 0
+
+
+def _print_metrics(where: str, values: dict) -> None:
+    """The server's metrics, family by family: the numbers GET /_aspen/metrics serves."""
+    from . import metrics
+    counted = [k for k in values if metrics.family(k) in metrics.COUNTERS and values[k]]
+    print(f"server metrics ({where}):")
+    if not counted:
+        print("  nothing counted yet: the server counts with ASPEN_METRICS=1 in its environment, here "
+              "under ASPEN_STATE_DIR or ASPEN_RUN_DIR as set for it")
+    for name, kind, title, _ in metrics.FAMILIES:
+        rows = [(metrics.labels_of(k), v) for k, v in sorted(values.items()) if metrics.family(k) == name]
+        if not rows:
+            continue
+        if len(rows) == 1 and not rows[0][0]:
+            print(f"  {title}: {metrics.number_text(rows[0][1])}")
+            continue
+        print(f"  {title}:")
+        cells = [list(labels.values()) for labels, _ in rows]
+        ncol = max(len(c) for c in cells)
+        widths = [max((len(c[i]) for c in cells if i < len(c)), default=0) for i in range(ncol)]
+        for c, (_, v) in zip(cells, rows):
+            text = "  ".join((c[i] if i < len(c) else "-").ljust(widths[i]) for i in range(ncol))
+            print(f"    {text}  {metrics.number_text(v)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -480,14 +515,25 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("args", nargs="*", help="REF J K for ancestor, COMMIT for tip")
     query.set_defaults(func=_cmd_query)
 
-    st = sub.add_parser("stats", help="response cache and admission figures",
+    st = sub.add_parser("stats", help="response cache, admission and server metrics figures",
                         description="For each repository: requests answered through the response cache, the hit "
                                     "rate (hits and shared over all), bytes served from the cache and computed, "
                                     "cold computations, pre-warmed requests, entries and evictions; and for this "
                                     "machine the cold computations running and the admission queue depth "
                                     "(ASPEN_RUN_DIR). Counts are those of every process that served the "
-                                    "repository since its cache was made.")
-    st.add_argument("repo", nargs="+", help="path of a repository")
+                                    "repository since its cache was made. With --server: the server's metrics, "
+                                    "the numbers GET /_aspen/metrics serves when the server runs with "
+                                    "ASPEN_METRICS=1, read from the same files (metrics/ under ASPEN_STATE_DIR "
+                                    "when set, else under ASPEN_RUN_DIR: run it with the server's setting): "
+                                    "requests by service, method and status; fetches by plan (planned or "
+                                    "fallback, and why) and by response-cache result (hit, shared, cold, ...); "
+                                    "upload-pack bytes from stored packs, computed by git and from the cache; "
+                                    "admission's 503s, queued fetches and queue depth; ref-store versions "
+                                    "pushed; and the version-pack backlog.")
+    st.add_argument("repo", nargs="*", help="path of a repository")
+    st.add_argument("--server", action="store_true",
+                    help="the server's metrics (what GET /_aspen/metrics serves with ASPEN_METRICS=1): requests, "
+                         "plans and fallbacks, cache results, admission, pushes, pack backlog, bytes by source")
     st.add_argument("--json", action="store_true", help="print the figures as JSON")
     st.set_defaults(func=_cmd_stats)
     return parser

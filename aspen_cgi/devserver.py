@@ -64,12 +64,15 @@ def serve(root: str, host: str, port: int, workers: int, allow_push: bool = True
             self.cfg.set("threads", 8)
             self.cfg.set("timeout", 300)
             self.cfg.set("accesslog", None)
+            self.cfg.set("when_ready", announce)        # once the socket listens: a client may connect at once
 
         def load(self):
             return application
 
-    print(f"Aspen serving {root} on http://{host}:{port}/", flush=True)
-    for name in repos:
-        print(f"  git clone http://{host}:{port}/{name}", flush=True)
+    def announce(_server) -> None:
+        print(f"Aspen serving {root} on http://{host}:{port}/", flush=True)
+        for name in repos:
+            print(f"  git clone http://{host}:{port}/{name}", flush=True)
+
     Dev().run()
     return 0

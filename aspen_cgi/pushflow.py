@@ -341,7 +341,8 @@ class Push:
         fast = in_process_ok(self.ctx.config, self.ctx.repo.bare)
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
         with store_db.patience(store_db.store_wait(self.ctx.env)):
-            return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast)
+            return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast,
+                               self.ctx.trace)
 
     def _lookup(self, oid: str) -> tuple[str, Optional[str]]:
         """(type or "missing", peeled) of OID; the first unknown one fetches all the push's unknowns."""

@@ -27,14 +27,19 @@ def in_process_ok(config, bare: bool) -> bool:
 
 
 def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange],
-                meta: VersionMeta, log: Optional[list] = None, fast: bool = False) -> Optional[str]:
+                meta: VersionMeta, log: Optional[list] = None, fast: bool = False,
+                trace: Optional[dict] = None) -> Optional[str]:
     """Apply CHANGES all or nothing. None on success, else git's error text
-    (without its `fatal: ` prefix), as stock's rp_error shows it."""
+    (without its `fatal: ` prefix), as stock's rp_error shows it. TRACE (the
+    request's) counts `pushed_versions`: versions the store committed."""
     if not changes:
         return None
     if store is not None:
         try:
-            return store.commit(changes, meta, fast)
+            err = store.commit(changes, meta, fast)
+            if err is None and trace is not None:
+                trace["pushed_versions"] = trace.get("pushed_versions", 0) + 1
+            return err
         except (db.Error, db.Busy) as e:
             # the disk is the truth: the next request records what happened as an external version
             if log is not None:

@@ -10,6 +10,7 @@ import socketserver
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -464,3 +465,59 @@ def test_apache_absent_is_skipped_with_a_message(root, tmp_path, monkeypatch):
     with pytest.raises(ValueError):
         targets.parse_spec("nginx")
     assert targets.parse_spec("url:gitea=https://u:t@h/org") == ("gitea", "https://u:t@h/org")
+
+
+# -- the server's metrics during a bench run --------------------------------------------------
+
+def test_metrics_scraped_after_a_bench_workload_match_what_the_proxy_saw(tmp_path):
+    """The `aspen` target with ASPEN_METRICS=1 through a quick warm-fetch over
+    the tiny preset (clones, pushes, fetches through the counting proxy),
+    then scraped through the same proxy: its requests by method and status
+    are those the proxy forwarded, one ref-store version per push, and its
+    body bytes within what the proxy carried (heads and chunk framing on top)."""
+    import collections
+    import urllib.request
+
+    from aspen_cgi import metrics
+    from bench import repogen
+    from bench.workloads import WORKLOADS
+    from bench.workloads.base import WorkloadContext
+
+    root = tmp_path / "root"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
+    with running_targets(["aspen"], root, tmp_path / "servers", workers=2, threads=4,
+                         env={"ASPEN_METRICS": "1"}) as (t,):
+        ctx = WorkloadContext(targets=[t.info], repo="bench.git", proxies={t.info.name: t.proxy},
+                              roots={t.info.name: t.info.root}, workdir=tmp_path / "work", quick=True,
+                              params={"reps": 2, "cpu_fetches": 1}, procs={t.info.name: list(t.info.pids)})
+        (row,) = WORKLOADS["warm-fetch"](ctx)
+        assert row.metrics["failures"] == 0 and row.metrics["verified"], row.notes
+
+        def scrape() -> dict:
+            with urllib.request.urlopen(t.info.url + metrics.PATH, timeout=30) as resp:
+                return metrics.parse(resp.read().decode())
+
+        deadline = time.monotonic() + 30
+        while True:    # each request is counted as its response closes, a moment after the client's end
+            values = scrape()
+            records = [r for r in t.proxy.records if r.path != metrics.PATH]
+            seen = collections.Counter((r.method, str(r.status)) for r in records)
+            counted = collections.Counter()
+            for k, v in values.items():
+                lab = metrics.labels_of(k)
+                if metrics.family(k) == "aspen_requests_total" and lab["service"] != "metrics":
+                    counted[(lab["method"], lab["status"])] += int(v)
+            if counted == seen or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert counted == seen
+        pushes = [r for r in records if r.method == "POST" and r.path.endswith("/git-receive-pack")]
+        assert len(pushes) == 2 and all(r.status == 200 for r in pushes)
+        assert values["aspen_push_versions_total"] == 2
+        fetched = [r for r in records if r.method == "POST" and r.path.endswith("/git-upload-pack")]
+        body = sum(v for k, v in values.items() if metrics.family(k) == "aspen_fetch_bytes_total")
+        assert sum(r.pack_bytes for r in fetched) <= body <= sum(r.response_bytes for r in fetched)
+        plans = sum(v for k, v in values.items() if metrics.family(k) == "aspen_fetch_plans_total")
+        assert plans >= 2 + 2 * (1 + 1)          # two clones, then each rep's fetch and its CPU copy's
+        assert values["aspen_version_pack_backlog"] == 0       # warm-fetch waited for each push's pack

@@ -73,6 +73,24 @@ def test_no_command_prints_usage_and_fails():
     no_traceback(res)
 
 
+def test_stats_help_describes_server_metrics_and_needs_something_to_report():
+    res = aspen("stats", "--help")
+    assert res.returncode == 0 and res.stdout.startswith("usage: aspen stats [-h] [--server]")
+    text = " ".join(res.stdout.split())
+    assert "--server" in text and "GET /_aspen/metrics" in text and "ASPEN_METRICS=1" in text
+    res = aspen("stats")
+    assert res.returncode != 0 and "--server" in res.stderr
+    no_traceback(res)
+
+
+def test_stats_server_with_nothing_counted_says_how_to_count(tmp_path):
+    res = aspen("stats", "--server", env={"ASPEN_RUN_DIR": str(tmp_path / "run"), "ASPEN_STATE_DIR": ""})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"server metrics ({tmp_path / 'run' / 'metrics'}):\n")
+    assert "ASPEN_METRICS=1" in res.stdout
+    assert "  ref-store versions pushed: 0\n" in res.stdout and "  admission queue depth now: 0\n" in res.stdout
+
+
 # ---------------------------------------------------------------- log
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from .. import gitexec
 from .. import refs as refs_mod
 from ..protocol.pktline import ProtocolError
 from ..repoconfig import ConfigError, RepoConfig
+from ..accesslog import METRICS_KEY
 from . import dumb, paths, routes
 from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
@@ -20,6 +21,7 @@ from .message import HttpError, Request, Response
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
+METRICS_PATH = "/_aspen/metrics"     # metrics.PATH (kept here so that the 404 path does not load metrics.py)
 
 
 @dataclass
@@ -81,6 +83,12 @@ def _service_enabled(name: str, config: RepoConfig, env: Mapping[str, str]) -> b
     return bool(env.get("REMOTE_USER"))
 
 
+def _note_service(seen: dict, name: str) -> None:
+    """The service a request names, for its access line even when it is refused (403)."""
+    if name.startswith("git-") and name[4:] in SERVICES:
+        seen["service"] = name[4:]
+
+
 def select_service(name: str, config: RepoConfig, env: Mapping[str, str], prefix) -> str:
     if not name.startswith("git-") or name[4:] not in SERVICES:
         raise _forbidden(f"Unsupported service: '{name}'", prefix)
@@ -136,25 +144,58 @@ def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) 
 
 def handle(req: Request) -> Response:
     """Answer one request. Never raises: every failure is a Response."""
+    seen: dict = {}
+    where = _metrics_dir(req.env)
     try:
-        return _handle(req)
+        resp = _handle(req, seen)
     except HttpError as e:
-        return error_response(e)
+        resp = error_response(e, seen)
     except BodyError as e:
-        return error_response(HttpError(e.status, e.reason, "fatal: " + e.message))
+        resp = error_response(HttpError(e.status, e.reason, "fatal: " + e.message), seen)
     except ProtocolError as e:
-        return error_response(HttpError(400, "Bad Request", f"fatal: {e}"))
+        resp = error_response(HttpError(400, "Bad Request", f"fatal: {e}"), seen)
     except Exception:
         import traceback
-        return error_response(HttpError(500, "Internal Server Error", "aspen: internal error\n" + traceback.format_exc()))
+        resp = error_response(HttpError(500, "Internal Server Error",
+                                        "aspen: internal error\n" + traceback.format_exc()), seen)
+    if where is not None:
+        resp.trace[METRICS_KEY] = where      # counted as the adapter closes the response (accesslog.Counted)
+    return resp
 
 
-def error_response(e: HttpError) -> Response:
+def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
+    """Where this server counts (ASPEN_METRICS=1), or None; metrics.py loads only when it is on."""
+    if not (env.get("ASPEN_METRICS") or os.environ.get("ASPEN_METRICS")):
+        return None
+    from .. import metrics
+    return metrics.prepare(env) if metrics.enabled(env) else None
+
+
+# What an error response's access line keeps of the request it ended: the repository, the
+# service, and of the service's trace the ref-store version and the cache's mark (a 503 from
+# admission says `cache=overloaded`). Not the plan: no fetch was answered.
+_ERROR_TRACE = ("version", "cache")
+
+
+def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
     hdrs = list(e.prefix) + [("Status", f"{e.status} {e.reason}")] + e.extra + H.nocache()
-    return Response(e.status, e.reason, hdrs, [e.body] if e.body else [], [e.log] if e.log else [])
+    trace: dict = {}
+    if seen:
+        ctx_trace = seen.get("trace") or {}
+        trace.update({k: ctx_trace[k] for k in _ERROR_TRACE if k in ctx_trace})
+        trace.update({k: seen[k] for k in ("repo", "service") if k in seen})
+    return Response(e.status, e.reason, hdrs, [e.body] if e.body else [], [e.log] if e.log else [], trace)
 
 
-def _handle(req: Request) -> Response:
+def _metrics_response(env: Mapping[str, str]) -> Response:
+    """The server's metrics in Prometheus' text format (metrics.PATH, ASPEN_METRICS=1)."""
+    from .. import metrics
+    body = metrics.exposition(metrics.snapshot(env)).encode()
+    hdrs = H.nocache() + [("Content-Length", str(len(body))), ("Content-Type", metrics.CONTENT_TYPE)]
+    return Response(200, "OK", hdrs, [body], trace={"service": "metrics"})
+
+
+def _handle(req: Request, seen: dict) -> Response:
     env = req.env
     method = env.get("REQUEST_METHOD")
     if method is None:
@@ -164,6 +205,9 @@ def _handle(req: Request) -> Response:
     full = paths.getdir(env)
     m = routes.match(full)
     if m is None:
+        # no route can match metrics.PATH (see there), so it never hides a repository
+        if method == "GET" and env.get("PATH_INFO") == METRICS_PATH and _metrics_dir(env) is not None:
+            return _metrics_response(env)
         raise HttpError(404, "Not Found", f"Request not supported: '{full}'")
     if m.route.method != method:
         if env.get("SERVER_PROTOCOL") == "HTTP/1.1":
@@ -172,6 +216,7 @@ def _handle(req: Request) -> Response:
     repo = paths.enter_repo(m.repo_dir)
     if repo is None:
         raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")
+    seen["repo"] = repo.path
     paths.check_ownership(repo, env)
     if "GIT_HTTP_EXPORT_ALL" not in env and not os.access(os.path.join(repo.gitdir, "git-daemon-export-ok"), os.F_OK):
         raise HttpError(404, "Not Found", f"Repository not exported: '{m.repo_dir}'")
@@ -192,6 +237,7 @@ def _handle(req: Request) -> Response:
         params = parameters(env.get("QUERY_STRING", ""))
         prefix = H.nocache()
         if "service" in params:
+            _note_service(seen, params["service"])
             svc = select_service(params["service"], config, env, prefix)
             resp = _advertise(svc, ServiceContext(repo, config, cenv, protocol_version(cenv.get("GIT_PROTOCOL")),
                                                   namespace, []), prefix)
@@ -209,6 +255,7 @@ def _handle(req: Request) -> Response:
         _getanyfile(config, [])
         resp = dumb.local_file(repo.gitdir, m.arg, H.forever(), m.route.content_type)
     else:
+        _note_service(seen, m.arg)
         svc = select_service(m.arg, config, env, [])
         want = f"application/x-git-{svc}-request"
         got = env.get("CONTENT_TYPE", "")
@@ -216,6 +263,7 @@ def _handle(req: Request) -> Response:
             raise HttpError(415, "Unsupported Media Type",
                             body=f"Expected POST with Content-Type '{want}', but received '{got}' instead.\n".encode())
         ctx = ServiceContext(repo, config, cenv, protocol_version(cenv.get("GIT_PROTOCOL")), namespace, [])
+        seen["trace"] = ctx.trace
         resp = _rpc(svc, ctx, req, max_buffer)
         trace["service"] = svc
     resp.trace.update(trace)

@@ -170,7 +170,13 @@ IN_PROCESS = False
 
 def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     """Start a builder unless one is running; True when started."""
-    if not enabled(env) or running(packs_dir):
+    if not enabled(env):
+        return False
+    if env.get("ASPEN_METRICS") or os.environ.get("ASPEN_METRICS"):
+        from .. import metrics
+        if metrics.enabled(env):        # its backlog is counted at scrape time from now on
+            metrics.note_backlog(metrics.directory(env), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
+    if running(packs_dir):
         return False
     child = {k: v for k, v in env.items() if k not in ("GIT_NAMESPACE",)}
     if IN_PROCESS:

@@ -575,6 +575,26 @@ def versions_without_pack(conn: Conn, limit: int) -> list[int]:
         " ORDER BY id LIMIT ?", (limit,))]
 
 
+def unbuilt_count(path: str) -> Optional[int]:
+    """How many done versions of the store at PATH have no version pack yet,
+    read over a brief read-only connection (a metrics scrape: it waits at
+    most 200 ms for a locked store, and its close neither checkpoints nor
+    removes the write-ahead log; like any reader it makes `-wal` and `-shm`
+    beside the file when no connection had); None when it cannot be read."""
+    from urllib.parse import quote
+    try:
+        conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.2, isolation_level=None)
+    except sqlite3.Error:
+        return None
+    try:
+        return conn.execute("SELECT count(*) FROM versions WHERE state = 'done'"
+                            " AND id NOT IN (SELECT version FROM version_packs)").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+
+
 def refs_before(conn: Conn, version: int) -> dict[str, str]:
     """S_{v-1}: every ref's value after the done versions before VERSION (one pass over history)."""
     out: dict[str, str] = {}
