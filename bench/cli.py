@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "same repository, and write results/<date>-<machine>/.")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD", help="workload names (see `aspen-bench list`), or `all`")
     r.add_argument("--targets", default=DEFAULT_TARGETS,
-                   help="comma-separated: aspen, aspen-packs, aspen-git, stock, stock-apache, url:NAME=URL "
+                   help="comma-separated: aspen, aspen-packs, aspen-git, stock, stock-apache, aspen-apache, aspen-modwsgi, url:NAME=URL "
                         "(default %(default)s)")
     src = r.add_mutually_exclusive_group()
     src.add_argument("--preset", choices=_preset_names(), default=None,

@@ -36,7 +36,7 @@ TABLES = "tables.md"
 
 # Ratio columns come first, in this order when present; other comparable metrics follow.
 KEY_METRICS = ("wall_ms", "bytes", "pack_bytes", "exchange_bytes", "p50_ms", "p90_ms", "p99_ms",
-               "push_p50_ms", "push_p99_ms", "pushes_per_s", "visible_p50_ms", "visible_p99_ms",
+               "req_per_s", "push_p50_ms", "push_p99_ms", "pushes_per_s", "visible_p50_ms", "visible_p99_ms",
                "cpu_s", "server_cpu_s", "peak_rss_bytes", "server_peak_rss_bytes", "rss_bytes")
 # Metrics where a bigger number is better (a ratio below 1 is a loss).
 HIGHER_IS_BETTER = ("per_s", "throughput")         # name endings
@@ -61,7 +61,7 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             "plan_share_v0", "plan_share_v1", "plan_share_v2", "fetches_v0", "fetches_v1", "fetches_v2",
             "cpu_fetches", "cpu_failures", "history", "history_push_failures", "protocol")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
-WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
+WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
                   "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
                   "lagging-clients")
 BASELINE = "stock"

@@ -21,6 +21,12 @@ Target specs (the names `running()` takes):
                   served at /stock/ by the shipped apache/side-by-side.conf
                   (pushes with the bench's Basic password, in the URL),
                   only where `apache2` is installed;
+- `aspen-apache`  `aspen-cgi` under Apache (mod_cgi), at /aspen/ of the same
+                  shipped side-by-side config, in the defaults (a process per
+                  request, as operators first swap Aspen in);
+- `aspen-modwsgi` Aspen under Apache's mod_wsgi (daemon mode, the shipped
+                  apache/aspen-wsgi.conf), in the defaults; only where
+                  mod_wsgi is installed;
 - `url:NAME=URL`  any other smart-HTTP server (Gitea, Forgejo, GitLab) by base
                   URL, credentials as `user:token@` in the URL; not started
                   or stopped here, and no repository copy (`root=None`).
@@ -56,9 +62,11 @@ from .model import TargetInfo
 from .proxy import CountingProxy
 
 PROJECT = Path(__file__).resolve().parent.parent
-BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-apache")
+BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-apache", "aspen-apache", "aspen-modwsgi")
+APACHE_TARGETS = ("stock-apache", "aspen-apache", "aspen-modwsgi")
+APACHE_PATHS = {"stock-apache": "/stock", "aspen-apache": "/aspen", "aspen-modwsgi": "/git"}
 ASPEN_TARGETS = ("aspen", "aspen-packs", "aspen-git")     # gunicorn serving Aspen
-PACK_TARGETS = ("aspen", "aspen-packs")                   # ...that build version packs
+PACK_TARGETS = ("aspen", "aspen-packs", "aspen-apache", "aspen-modwsgi")     # ...that build version packs
 
 _PUSH_ENV = {"GIT_HTTP_EXPORT_ALL": "1", "GIT_CONFIG_COUNT": "1",
              "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
@@ -176,6 +184,8 @@ _APACHE_MODULES = ("mpm_prefork", "authz_core", "authz_user", "authn_core", "aut
                    "cgi", "env", "setenvif", "unixd")
 _MODULE_DIR = Path("/usr/lib/apache2/modules")
 SIDE_BY_SIDE = PROJECT / "apache" / "side-by-side.conf"
+WSGI_CONF = PROJECT / "apache" / "aspen-wsgi.conf"
+MOD_WSGI = _MODULE_DIR / "mod_wsgi.so"
 # stock-apache is served by the shipped side-by-side config, whose pushes ask
 # for a password: the bench's user, given in the target's URL.
 APACHE_USER, APACHE_PASSWORD = "bench", "bench"
@@ -196,20 +206,36 @@ def side_by_side(root: Path, htpasswd: Path) -> str:
     return text
 
 
-def _apache_conf(root: Path, workdir: Path, port: int, user: str, group: str) -> str:
+def aspen_wsgi(root: Path, htpasswd: Path) -> str:
+    """apache/aspen-wsgi.conf with its placeholders filled (Aspen at /git/ over
+    ROOT, in the bench's own venv); its text is otherwise the operator's."""
+    side_by_side(root, htpasswd)        # writes the password file
+    text = WSGI_CONF.read_text()
+    for key, value in (("GIT_PROJECT_ROOT", str(root)), ("VENV", sys.prefix), ("APACHE_DIR", str(PROJECT / "apache")),
+                       ("HTPASSWD", str(htpasswd))):
+        text = text.replace(f"@{key}@", value)
+    return text
+
+
+def _apache_conf(name: str, root: Path, workdir: Path, port: int, user: str, group: str,
+                 aspen_env: dict) -> str:
     loads = []
-    for mod in _APACHE_MODULES:
+    for mod in _APACHE_MODULES + (("wsgi",) if name == "aspen-modwsgi" else ()):
         so = _MODULE_DIR / f"mod_{mod}.so"
         if so.exists():  # some are built in (unixd on some builds)
             loads.append(f"LoadModule {mod}_module {so}")
     # The children run as another user than the repositories' owner: trust them (command-scope config).
-    env = {**_PUSH_ENV, "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_1": "safe.directory", "GIT_CONFIG_VALUE_1": "*"}
+    env = {**_PUSH_ENV, "GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_1": "safe.directory", "GIT_CONFIG_VALUE_1": "*",
+           **aspen_env}
+    htpasswd = Path(root).parent / "htpasswd"       # beside the repositories: www-data reaches it
+    site = aspen_wsgi(root, htpasswd) if name == "aspen-modwsgi" else side_by_side(root, htpasswd)
     return "\n".join([
         f'ServerRoot "{workdir}"',
         "ServerName 127.0.0.1",
         f"Listen 127.0.0.1:{port}",
         f'PidFile "{workdir}/apache.pid"',
-        f'ErrorLog "{workdir}/stock-apache.log"',
+        f'ErrorLog "{workdir}/{name}.log"',
+        f'WSGISocketPrefix "{workdir}/wsgi"' if name == "aspen-modwsgi" else "",
         "LogLevel warn",
         *loads,
         f"User {user}",
@@ -226,12 +252,13 @@ def _apache_conf(root: Path, workdir: Path, port: int, user: str, group: str) ->
         "Timeout 600",
         "LimitRequestBody 0",
         *[f"SetEnv {k} {v}" for k, v in env.items() if k != "GIT_PROJECT_ROOT"],
-        side_by_side(root, Path(root).parent / "htpasswd"),    # beside the repositories: www-data reaches it
+        site,
         "",
     ])
 
 
-def _apache(root: Path, workdir: Path, timeout: float) -> tuple[subprocess.Popen, int, Path]:
+def _apache(name: str, root: Path, workdir: Path, timeout: float,
+            aspen_env: dict) -> tuple[subprocess.Popen, int, Path]:
     """Start Apache (prefork + mod_cgi) in the foreground on a loopback port.
 
     Apache cannot bind port 0, so a random high port is tried and Apache itself
@@ -241,23 +268,23 @@ def _apache(root: Path, workdir: Path, timeout: float) -> tuple[subprocess.Popen
     root so that local git commands on it need no safe.directory."""
     binary = apache_binary()
     if binary is None:
-        raise TargetUnavailable("stock-apache: apache2 is not installed (apt-get install apache2); skipped")
+        raise TargetUnavailable(f"{name}: apache2 is not installed (apt-get install apache2); skipped")
     user = group = "www-data"
     if os.geteuid() != 0:
         import grp
         import pwd
         user, group = pwd.getpwuid(os.geteuid()).pw_name, grp.getgrgid(os.getegid()).gr_name
-    log = workdir / "stock-apache.log"
+    log = workdir / f"{name}.log"
     conf = workdir / "apache.conf"
     env = dict(os.environ)
     env.update({"APACHE_RUN_DIR": str(workdir), "APACHE_LOCK_DIR": str(workdir), "APACHE_PID_FILE":
                 str(workdir / "apache.pid")})
     for _ in range(20):
         port = random.randint(20000, 59999)
-        conf.write_text(_apache_conf(root, workdir, port, user, group))
+        conf.write_text(_apache_conf(name, root, workdir, port, user, group, aspen_env))
         if log.exists():
             log.unlink()
-        with open(workdir / "stock-apache.out", "wb") as out:
+        with open(workdir / f"{name}.out", "wb") as out:
             proc = subprocess.Popen([binary, "-f", str(conf), "-DFOREGROUND"], env=env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir),
                                     start_new_session=True)
@@ -268,12 +295,12 @@ def _apache(root: Path, workdir: Path, timeout: float) -> tuple[subprocess.Popen
             if answers(f"http://127.0.0.1:{port}/"):
                 return proc, port, log
             time.sleep(0.05)
-        text = (workdir / "stock-apache.out").read_text(errors="replace") + (
+        text = (workdir / f"{name}.out").read_text(errors="replace") + (
             log.read_text(errors="replace") if log.exists() else "")
         _terminate(proc)
         if "Address already in use" not in text and "could not bind" not in text:
-            raise RuntimeError(f"stock-apache: apache2 did not start:\n{text}")
-    raise RuntimeError("stock-apache: no free port found in 20 tries")
+            raise RuntimeError(f"{name}: apache2 did not start:\n{text}")
+    raise RuntimeError(f"{name}: no free port found in 20 tries")
 
 
 def answers(url: str) -> bool:
@@ -368,19 +395,21 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         proxy.start()
         info = TargetInfo(name=name, url=_with_netloc(url, "127.0.0.1", proxy.port), root=None, pids=[])
         return Target(info, proxy)
-    if name == "stock-apache" and apache_binary() is None:
-        raise TargetUnavailable("stock-apache: apache2 is not installed (apt-get install apache2); skipped")
+    if name in APACHE_TARGETS and apache_binary() is None:
+        raise TargetUnavailable(f"{name}: apache2 is not installed (apt-get install apache2); skipped")
+    if name == "aspen-modwsgi" and not MOD_WSGI.exists():
+        raise TargetUnavailable(f"{name}: mod_wsgi is not installed (apt-get install libapache2-mod-wsgi-py3); skipped")
     tdir = Path(workdir) / name
     tdir.mkdir(parents=True, exist_ok=True)
     scratch: Optional[Path] = None
-    if name == "stock-apache" and os.geteuid() == 0 and not _reachable_by_others(tdir):
+    if name in APACHE_TARGETS and os.geteuid() == 0 and not _reachable_by_others(tdir):
         # Apache's children (www-data) must reach the repositories: copy them where they can.
         scratch = Path(tempfile.mkdtemp(prefix="aspen-bench-apache-"))
         scratch.chmod(0o755)
         repos = copy_root(Path(root), scratch / "repos")
     else:
         repos = copy_root(Path(root), tdir / "repos")
-    if name == "stock-apache":
+    if name in APACHE_TARGETS:
         subprocess.run(["chmod", "-R", "a+rwX", str(repos)], check=True)
     if name in ASPEN_TARGETS:
         extra = {"ASPEN_ACCESS_LOG": "1", "ASPEN_CACHE": "off", "ASPEN_RUN_DIR": str(tdir / "run")}
@@ -405,17 +434,23 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         proc, port, log = _gunicorn(name, "bench.cgibridge:application", repos, tdir,
                                     {"ASPEN_BENCH_CGI": STOCK, **(env or {})}, workers, threads, timeout)
     else:
-        proc, port, log = _apache(repos, tdir, timeout)
+        aspen_env = {}
+        if name != "stock-apache":
+            run = Path(repos).parent / "run"        # where Apache's user can write
+            run.mkdir(exist_ok=True)
+            run.chmod(0o777)
+            aspen_env = {"ASPEN_ACCESS_LOG": "1", "ASPEN_CACHE": "off", "ASPEN_RUN_DIR": str(run), **(env or {})}
+        proc, port, log = _apache(name, repos, tdir, timeout, aspen_env)
     try:
         proxy = CountingProxy("127.0.0.1", port, name).start()
     except BaseException:
         _terminate(proc)
         raise
     url = proxy.url
-    if name == "stock-apache":   # stock under /stock/ of apache/side-by-side.conf, pushes with the bench's password
-        url = url.replace("://", f"://{APACHE_USER}:{APACHE_PASSWORD}@", 1) + "/stock"
+    if name in APACHE_TARGETS:   # under the shipped config's path, pushes with the bench's password
+        url = url.replace("://", f"://{APACHE_USER}:{APACHE_PASSWORD}@", 1) + APACHE_PATHS[name]
     info = TargetInfo(name=name, url=url, root=repos, pids=[proc.pid],
-                      plan_log=log if name in ASPEN_TARGETS else None,
+                      plan_log=log if name in ASPEN_TARGETS + ("aspen-apache", "aspen-modwsgi") else None,
                       version_packs=name in PACK_TARGETS)
     return Target(info, proxy, proc, log, scratch=scratch)
 

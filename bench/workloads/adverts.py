@@ -285,3 +285,82 @@ def ref_advertisement(ctx: WorkloadContext) -> list[Measurement]:
     if problems:
         raise RuntimeError("ref-advertisement: listings differ: " + " | ".join(problems))
     return out
+
+
+# ---------------------------------------------------------------- pollers
+
+def _storm(url: str, proto: str, requests: int, threads: int) -> tuple[list[float], int, float, str]:
+    """REQUESTS advertisement requests from THREADS threads at once; (latencies, failures, wall s, last error)."""
+    import threading
+    lat: list[float] = []
+    fails = [0]
+    err = [""]
+    lock = threading.Lock()
+    left = [requests]
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if left[0] == 0:
+                    return
+                left[0] -= 1
+            try:
+                status, body, ms = request(url, proto)
+                ok = status == 200 and body.endswith(b"0000")
+            except (OSError, http.client.HTTPException) as e:
+                ok, ms, status = False, 0.0, f"{type(e).__name__}: {e}"
+            with lock:
+                if ok:
+                    lat.append(ms)
+                else:
+                    fails[0] += 1
+                    err[0] = f"{status}"
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return lat, fails[0], time.perf_counter() - t0, err[0]
+
+
+@register("poll-storm")
+def poll_storm(ctx: WorkloadContext) -> list[Measurement]:
+    """What CI pollers and ArgoCD send: params requests R advertisement requests
+    (default 500, quick 100) from params threads T at once (default 16, quick
+    8), v0 `GET /info/refs` and v2 `ls-refs` in turn, on the repository as it
+    is, targets one after the other, repeated params reps times (default 3,
+    quick 1; the order reversed on odd ones). Requests per second, p50/p99/max
+    wall ms of one request (fresh connection each); every response must be 200
+    and end with a flush."""
+    requests = int(ctx.param("requests", 500, quick=100))
+    threads = int(ctx.param("threads", 16, quick=8))
+    reps = int(ctx.param("reps", 3, quick=1))
+    data = {(t.name, p): {"lat": [], "rps": [], "fail": 0, "err": ""} for t in ctx.targets for p in PROTOCOLS}
+    urls = {t.name: repo_url(ctx, t) for t in ctx.targets}
+    for t in ctx.targets:           # untimed: the first request after a change pays a resync
+        for p in PROTOCOLS:
+            request(urls[t.name], p)
+    step = 0
+    for rep in range(reps):
+        for t in ordered(ctx, rep):
+            for p in PROTOCOLS:
+                lat, fails, wall, err = _storm(urls[t.name], p, requests, threads)
+                d = data[(t.name, p)]
+                d["lat"] += lat
+                d["rps"].append(len(lat) / wall if wall > 0 else 0.0)
+                d["fail"] += fails
+                d["err"] = err or d["err"]
+                step += 1
+                report(ctx, step, reps * len(ctx.targets) * len(PROTOCOLS), f"poll-storm {t.name} {p}")
+    rows = []
+    for t in ctx.targets:
+        for p in PROTOCOLS:
+            d = data[(t.name, p)]
+            m = {"reps": reps, "requests": requests, "threads": threads, "failures": d["fail"],
+                 "req_per_s": stats.median(d["rps"])}
+            if d["lat"]:
+                m.update({"p50_ms": stats.percentile(d["lat"], 50), "p99_ms": stats.percentile(d["lat"], 99),
+                          "max_ms": max(d["lat"])})
+            rows.append(Measurement("poll-storm", t.name, {"protocol": p, "threads": threads}, m, d["lat"], d["err"]))
+    return rows

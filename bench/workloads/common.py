@@ -82,7 +82,14 @@ _SUMMED = (("plan_us", "planning_us"), ("check_us", "check_us"), ("versions_visi
 def parse_plan_line(line: str) -> Optional[dict]:
     """One line of Aspen's error log as a dict: the JSON of an `aspen-plan {...}`
     line, or the fields of an older `aspen: k=v ...` access line (with
-    `visits=V+S` split and `ms` as serve_ms); None for any other line."""
+    `visits=V+S` split and `ms` as serve_ms); None for any other line. Under
+    Apache the line is the message of an error-log line (`[...] AH01215: aspen...`)."""
+    if line.startswith("["):
+        at = min((i for i in (line.find("] " + PLAN_PREFIX), line.find("] aspen: "), line.find(": " + PLAN_PREFIX),
+                              line.find(": aspen: ")) if i >= 0), default=-1)
+        if at < 0:
+            return None
+        line = line[line.index(" ", at) + 1:]
     if line.startswith(PLAN_PREFIX):
         try:
             d = json.loads(line[len(PLAN_PREFIX):])
