@@ -120,6 +120,7 @@ def _replayed(env, body: bytes, started: float) -> bool:
 
 def main() -> int:
     started = time.monotonic()
+    started_ns = time.time_ns()
     env = dict(os.environ)
     from .http.replay import MAX_ANSWER, kind as replay_kind
     kind = replay_kind(env)
@@ -165,7 +166,7 @@ def main() -> int:
         body.close()
     if recordable and "ended" not in resp.trace and (kept is not None or "replay_file" in resp.trace):
         from .http import replay
-        replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace)
+        replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace, started_ns)
     return 0
 
 

@@ -221,3 +221,27 @@ def test_clones_replay_the_cache_entry_and_count_the_hit(repo, tmp_path, cgi_ser
     log = clone(4)
     last = [line for line in log.splitlines() if "method=POST" in line and "cache=" in line][-1]
     assert "replayed=1" not in last and "cache=hit" in last
+
+
+def test_an_input_changed_while_the_answer_was_computed_is_not_recorded(repo):
+    """The answer is computed from the state at the request's start; a ref
+    that moved after that start (here: nine seconds into a ten-second
+    request) leaves its new timestamp, and the answer is not kept, though it
+    is far older than the racy window by the time the request ends."""
+    from aspen_cgi.http import replay
+    root, bare, home = repo
+    env = _env(root, home)
+    _age(bare, home)
+    answer, _ = _ask(env, fresh=True)
+    _age(bare, home)
+    started = time.time_ns() - 10_000_000_000
+    before = time.time_ns()
+    git("update-ref", "refs/heads/main", "main~1", cwd=str(bare))
+    moved = started + 1_000_000_000
+    for p in [bare, *bare.rglob("*")]:      # what the update wrote: its ref, and HEAD's lock in the git dir
+        if p.lstat().st_mtime_ns >= before:
+            os.utime(p, ns=(moved, moved), follow_symlinks=False)
+    trace = {"repo": "/r.git", "service": "upload-pack"}
+    assert not replay.record(env, b"", str(bare), answer.raw_head + b"\r\n\r\n", answer.body, trace, started)
+    assert replay.lookup(env) is None
+    assert replay.record(env, b"", str(bare), answer.raw_head + b"\r\n\r\n", answer.body, trace, time.time_ns())

@@ -13,8 +13,9 @@ the stat of every file the answer was computed from: the repository's path
 candidates (as enter_repo tries them), the git directory, HEAD, packed-refs and
 every directory under refs/ (git renames every ref into place, which changes
 its directory), git-daemon-export-ok, shallow, and the configuration files.
-Any difference and the entry is not used. A file whose timestamp was too
-recent to tell a later change in the same tick (as in refstore/fingerprint.py)
+Any difference and the entry is not used. An input modified after the
+request began, or within the racy window before (a change in the same clock
+tick could leave its timestamp unchanged, as in refstore/fingerprint.py),
 keeps the answer from being recorded. The service decides what may be
 recorded (trace `replayable`: no per-process values such as a session id;
 `replay_file` and `replay_effects` for a cache entry: what a replay must do
@@ -206,24 +207,27 @@ def _inputs(repo: str, gitdir: str, env: Mapping[str, str]) -> list[str]:
     return paths
 
 
-def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer: bytes, trace: Mapping) -> bool:
+def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer: bytes, trace: Mapping,
+           started_ns: int) -> bool:
     """Keep the answer for later requests like this one: ANSWER, or the file
-    trace['replay_file'] names; False when it may not be kept (racy
-    timestamps, no state directory, too large) or writing failed."""
+    trace['replay_file'] names; False when it may not be kept or writing failed.
+
+    STARTED_NS is when the request began (time.time_ns()), before anything was
+    read: every input must be older than that by the racy window, so that
+    nothing changed while the answer was computed (the stats are taken after
+    it, and would otherwise name a newer state than the answer's)."""
     repo = _repo_dir(env)
     file = trace.get("replay_file")
     if repo is None or len(answer) > MAX_ANSWER:
         return False
     paths = _inputs(repo, gitdir, env) + ([file[0]] if file else [])
-    now = time.time_ns()
     for p in paths:
         try:
             st = os.lstat(p)
         except OSError:
             continue
-        newest = st.st_mtime_ns
         racy = COARSE_RACY_NS if st.st_mtime_ns % 1_000_000_000 == 0 else RACY_NS
-        if now - newest <= racy:
+        if started_ns - st.st_mtime_ns <= racy:
             return False
     key = _key(env, body)
     stats = _stats(paths)
