@@ -70,3 +70,15 @@ def test_wsgi_runs_the_app_under_base_env_and_closes_its_answer(monkeypatch):
     assert (r.status, r.headers, r.body, r.stderr) == \
         (404, [("Content-Type", "text/plain"), ("X-A", "1"), ("X-A", "2")], b"one two", b"logged\n")
     assert Answer.closed
+
+
+def test_the_server_imports_no_werkzeug():
+    """werkzeug is a test dependency only (setup.cfg's `test` extra): an
+    operator's install has none, so neither adapter, the CLI nor the bench may
+    import it."""
+    import subprocess
+    import sys
+    probe = ("import sys, aspen_cgi.wsgi, aspen_cgi.cgi, aspen_cgi.cli, bench.cli; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'werkzeug'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=h.REPO_DIR)
+    assert out.stdout.strip() == "[]", out.stderr
