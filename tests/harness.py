@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -137,47 +138,88 @@ def aspen(env: dict, body: bytes = b"", timeout: float = 60) -> CgiResult:
     return run_cgi("aspen", env, body, timeout)
 
 
+# The request's own CGI variables: a WSGI environ has each exactly as the test gives it, and lacks
+# it when the test leaves it out (stock is run under the same variables, also ones no web server
+# leaves out: no REQUEST_METHOD, no PATH_INFO, a CONTENT_LENGTH that is not the body's length).
+REQUEST_VARS = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "CONTENT_TYPE", "CONTENT_LENGTH")
+
+
+def _latin1(value: str) -> str:
+    """PEP 3333: a CGI variable's bytes (surrogate-escaped in a str, as os.environ holds
+    them) as the latin-1 str a WSGI server passes."""
+    return value.encode("utf-8", "surrogateescape").decode("latin-1")
+
+
+def _utf8(value: str) -> bool:
+    """Whether VALUE's bytes are UTF-8 (os.fsdecode leaves other bytes as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _request_target(path: str) -> str:
+    """PATH_INFO's bytes as the percent-encoded path of a request line, which EnvironBuilder decodes."""
+    target = urllib.parse.quote(path.encode("utf-8", "surrogateescape"), safe="/")
+    return "/%2F" + target[2:] if target.startswith("//") else target   # `//x` is no authority
+
+
+def wsgi_environ(env: dict, body: bytes = b"", errors: Optional[io.StringIO] = None) -> dict:
+    """The environ a WSGI server passes for the request whose CGI variables
+    are ENV (with BASE_ENV under them) and whose body is BODY.
+
+    werkzeug's EnvironBuilder makes it: wsgi.input, wsgi.errors and the other
+    wsgi.* keys, SERVER_NAME/PORT/PROTOCOL, SCRIPT_NAME, HTTP_HOST,
+    REQUEST_URI, ENV's HTTP_* variables sent as headers, PATH_INFO and
+    QUERY_STRING decoded as latin-1 (PEP 3333). wsgi.input_terminated is set
+    as gunicorn sets it, so a body without CONTENT_LENGTH (chunked) is read to
+    its end. Other variables (GIT_PROJECT_ROOT, REMOTE_USER, ...) are in the
+    environ as mod_wsgi's SetEnv puts them there."""
+    from werkzeug.test import EnvironBuilder
+    cgi = {**BASE_ENV, **env}
+    query = cgi.get("QUERY_STRING", "")
+    builder = EnvironBuilder(
+        path=_request_target(cgi.get("PATH_INFO", "")),
+        query_string=query if _utf8(query) else "",
+        method=cgi.get("REQUEST_METHOD", "GET"),
+        headers=[(k[len("HTTP_"):].replace("_", "-"), v) for k, v in cgi.items() if k.startswith("HTTP_")],
+        content_type=cgi.get("CONTENT_TYPE"),
+        input_stream=io.BytesIO(body),
+        errors_stream=errors if errors is not None else io.StringIO(),
+        environ_overrides={"wsgi.input_terminated": True,
+                           **{k: v for k, v in cgi.items() if k not in REQUEST_VARS and not k.startswith("HTTP_")}})
+    environ = builder.get_environ()
+    for key in REQUEST_VARS:
+        if key not in cgi:
+            environ.pop(key, None)
+    if "CONTENT_LENGTH" in cgi:           # EnvironBuilder counts the body's bytes instead
+        environ["CONTENT_LENGTH"] = cgi["CONTENT_LENGTH"]
+    # werkzeug decodes the path's %-escapes as UTF-8, replacing bytes that are not UTF-8, and takes
+    # the query string as UTF-8; PATH_TRANSLATED is no part of a URL: such values are put in here.
+    for key in ("PATH_INFO", "QUERY_STRING", "PATH_TRANSLATED"):
+        if key in cgi and (key == "PATH_TRANSLATED" or not _utf8(cgi[key])):
+            environ[key] = _latin1(cgi[key])
+    return environ
+
+
 def wsgi(env: dict, body: bytes = b"") -> CgiResult:
-    """Call aspen_cgi.wsgi.application in process with a CGI-like environ.
-
-    Server settings (GIT_PROJECT_ROOT, ...) go in the environ, as mod_wsgi's
-    SetEnv puts them; the process environment is reduced to BASE_ENV."""
+    """Call aspen_cgi.wsgi.application in process with the environ a WSGI
+    server passes for ENV's request (wsgi_environ); the process environment
+    is reduced to BASE_ENV meanwhile, so settings come from the environ only."""
+    from werkzeug.test import run_wsgi_app
     from aspen_cgi import wsgi as app
-    environ = dict(BASE_ENV)
-    environ.update(env)
-    environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
-    environ.setdefault("SERVER_NAME", "localhost")
-    environ.setdefault("SERVER_PORT", "80")
-    environ.setdefault("SCRIPT_NAME", "")
-    for k in ("PATH_INFO", "QUERY_STRING", "PATH_TRANSLATED"):
-        if k in environ:
-            environ[k] = environ[k].encode("utf-8", "surrogateescape").decode("latin-1")
     errors = io.StringIO()
-    environ.update({"wsgi.input": io.BytesIO(body), "wsgi.errors": errors, "wsgi.version": (1, 0),
-                    "wsgi.url_scheme": "http", "wsgi.multithread": False, "wsgi.multiprocess": False,
-                    "wsgi.run_once": False, "wsgi.input_terminated": True})
-    captured = {}
-
-    def start_response(status, headers, exc_info=None):
-        captured["status"] = status
-        captured["headers"] = headers
-
+    environ = wsgi_environ(env, body, errors)
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(BASE_ENV)
     try:
-        it = app.application(environ, start_response)
-        try:
-            data = b"".join(it)
-        finally:
-            close = getattr(it, "close", None)
-            if close:
-                close()
+        data, status, headers = run_wsgi_app(app.application, environ, buffered=True)   # closes the answer
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    status = int(captured["status"].split()[0])
-    return CgiResult(status, list(captured["headers"]), data, errors.getvalue().encode())
+    return CgiResult(int(status.split()[0]), headers.to_wsgi_list(), b"".join(data), errors.getvalue().encode())
 
 
 def free_port() -> int:

@@ -312,11 +312,7 @@ def test_child_killed_if_the_backend_goes_away(root):
     _grow(root, 3)
     from aspen_cgi import wsgi as app
     body = v0_request([_rev(root, "main")], caps="side-band-64k ofs-delta")
-    environ = dict(h.BASE_ENV)
-    environ.update(_upload(root, body))
-    import io
-    environ.update({"wsgi.input": io.BytesIO(body), "wsgi.errors": io.StringIO(), "wsgi.input_terminated": True,
-                    "SERVER_NAME": "x", "SERVER_PORT": "80", "wsgi.url_scheme": "http"})
+    environ = h.wsgi_environ(_upload(root, body), body)
 
     def children() -> set[int]:
         out = set()
