@@ -122,11 +122,27 @@ def main() -> int:
     started = time.monotonic()
     started_ns = time.time_ns()
     env = dict(os.environ)
-    from .http.replay import MAX_ANSWER, kind as replay_kind
+    from .http.replay import kind as replay_kind
     kind = replay_kind(env)
     prefix = _read_small(int(env["CONTENT_LENGTH"])) if kind == "post" else b""
     if kind is not None and _replayed(env, prefix, started):
         return 0
+    flight = None
+    if kind is not None:
+        from .http.replay import Flight, is_listing
+        if is_listing(kind, prefix):
+            flight = Flight.begin(env, prefix)
+            if flight is not None and not flight.leader and _replayed(env, prefix, started):
+                return 0
+    try:
+        return _pipeline(env, kind, prefix, started, started_ns)
+    finally:
+        if flight is not None:
+            flight.end()
+
+
+def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int) -> int:
+    from .http.replay import MAX_ANSWER
 
     from .accesslog import Counted, enabled, write_messages
     from .http.backend import handle

@@ -245,3 +245,22 @@ def test_an_input_changed_while_the_answer_was_computed_is_not_recorded(repo):
     assert not replay.record(env, b"", str(bare), answer.raw_head + b"\r\n\r\n", answer.body, trace, started)
     assert replay.lookup(env) is None
     assert replay.record(env, b"", str(bare), answer.raw_head + b"\r\n\r\n", answer.body, trace, time.time_ns())
+
+
+def test_pollers_arriving_together_compute_the_listing_once(repo):
+    """Six identical advertisement requests at once, with nothing recorded:
+    one runs the pipeline, the others wait for its record and replay it."""
+    import subprocess
+    from .harness import ASPEN_CGI, BASE_ENV, parse_cgi
+    root, bare, home = repo
+    env = _env(root, home)
+    _ask(env, fresh=True)               # the ref store made (the git dir changes once)
+    _age(bare, home)
+    full = {**BASE_ENV, **env, "ASPEN_ACCESS_LOG": "1"}
+    procs = [subprocess.Popen([ASPEN_CGI], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(6)]
+    results = [p.communicate(timeout=60) for p in procs]
+    bodies = {parse_cgi(out).body for out, _ in results}
+    replayed = [b"replayed=1" in err for _, err in results]
+    assert len(bodies) == 1
+    assert replayed.count(False) == 1, [err for _, err in results]

@@ -159,6 +159,70 @@ def lookup(env: Mapping[str, str], body: bytes = b"") -> Optional[Recorded]:
     return None
 
 
+LEAD_WAIT_S = 2.0       # how long a request waits for another computing the same advertisement
+
+
+def is_listing(kind_: str, body: bytes) -> bool:
+    """An advertisement or an ls-refs request: cheap to compute, sent by crowds of pollers at once."""
+    return kind_ == "advert" or body.startswith(b"0014command=ls-refs\n")
+
+
+class Flight:
+    """One request of a crowd asking the same listing computes it; the others
+    wait for its record (at most LEAD_WAIT_S) and replay it. After a push,
+    pollers arriving together would otherwise each run the whole pipeline."""
+
+    def __init__(self, fd: int, leader: bool):
+        self.fd = fd
+        self.leader = leader
+
+    @classmethod
+    def begin(cls, env: Mapping[str, str], body: bytes) -> Optional["Flight"]:
+        """The leader's flight (hold it until the answer is recorded), or a
+        follower's, ended: look the answer up again. None where the
+        repository has no state directory yet."""
+        import fcntl
+        repo = _repo_dir(env)
+        if repo is None:
+            return None
+        slot = _slot(_key(env, body))
+        for suffix in SUFFIXES:
+            sdir = state_dir(repo + suffix, env)
+            if os.path.isdir(sdir):
+                break
+        else:
+            return None
+        directory = os.path.join(sdir, "replay")
+        try:
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                pass
+            fd = os.open(os.path.join(directory, f".{slot}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return cls(fd, True)
+        except OSError:
+            pass
+        deadline = time.monotonic() + LEAD_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.005)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except OSError:
+                continue
+        os.close(fd)
+        return cls(-1, False)
+
+    def end(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def _parse(data: bytes, key: bytes) -> Optional[Recorded]:
     if not data.startswith(MAGIC):
         return None
