@@ -11,7 +11,7 @@ import pytest
 
 from bench import repogen, results
 from bench.model import Measurement
-from bench.workloads import WORKLOADS, WorkloadContext, adverts, pushes, storeprobe
+from bench.workloads import WORKLOADS, WorkloadContext, adverts, common, pushes, storeprobe
 from bench.workloads.adverts import pkt
 
 Z1, Z2, Z3 = "1" * 40, "2" * 40, "3" * 40
@@ -215,3 +215,39 @@ def test_new_figures_become_columns_and_plots(tmp_path):
         m.metrics.pop("planning_us", None)
     skipped = {p.title: p for p in results.write_plots(no_plan, tmp_path / "b")}
     assert "no planning time traced" in skipped["stale-branch: planning time against N"].note
+
+
+# ---------------------------------------------------------------- poll-storm, and Aspen under Apache
+
+def test_poll_storm_over_aspen_under_apache_cgi_and_mod_wsgi(tmp_path, root):
+    """The aspen-apache (aspen-cgi under mod_cgi) and aspen-modwsgi targets
+    start from the shipped configs beside stock-apache; every poll gets a 200
+    listing, and aspen-cgi replays its recorded answers (its error log says so)."""
+    from bench import targets
+    from .harness import need_system
+    need_system("apache2", "/usr/sbin/apache2")
+    need_system("libapache2-mod-wsgi-py3", "/usr/lib/apache2/modules/mod_wsgi.so")
+    names = ["aspen-apache", "aspen-modwsgi", "stock-apache"]
+    with targets.running_targets(names, root, tmp_path / "servers") as started:
+        rows = WORKLOADS["poll-storm"](_ctx(tmp_path, started, requests=24, threads=4, reps=1))
+        logs = {t.info.name: t.log_text() for t in started}
+    assert sorted((r.target, r.params["protocol"]) for r in rows) == sorted((n, p) for n in names for p in ("v0", "v2"))
+    for r in rows:
+        assert r.metrics["failures"] == 0, (r.target, r.notes)
+        assert len(r.samples) == 24 and r.metrics["req_per_s"] > 0
+        assert r.metrics["p50_ms"] <= r.metrics["p99_ms"] <= r.metrics["max_ms"]
+    served = [common.parse_plan_line(line) for line in logs["aspen-apache"].splitlines()]
+    served = [d for d in served if d and d.get("service") == "upload-pack"]
+    assert any(d.get("replayed") == 1 for d in served) and any("replayed" not in d for d in served)
+    assert any(common.parse_plan_line(line) for line in logs["aspen-modwsgi"].splitlines())
+
+
+def test_plan_lines_are_read_from_apaches_error_log():
+    line = ("[Wed Dec 02 10:11:26.619107 2026] [cgi:error] [pid 30681:tid 30681] [client 127.0.0.1:51786] "
+            "AH01215: stderr from /opt/aspen/venv/bin/aspen-cgi: aspen: repo=/srv/r.git service=upload-pack "
+            "method=GET path=/r.git/info/refs status=200 bytes=36475 ms=2.7 version=2 replayed=1")
+    d = common.parse_plan_line(line)
+    assert d["service"] == "upload-pack" and d["status"] == 200 and d["replayed"] == 1 and d["serve_ms"] == 2.7
+    plan = ('[Wed Dec 02 10:11:26.6 2026] [wsgi:error] [pid 1:tid 2] aspen-plan {"bytes":10,"plan":"planned"}')
+    assert common.parse_plan_line(plan)["plan"] == "planned"
+    assert common.parse_plan_line("[Wed Dec 02 2026] [core:notice] AH00094: Command line: 'apache2'") is None
