@@ -1,11 +1,17 @@
 """The ASPEN_* settings (aspen_cgi/settings.py): one table, one parser per
-kind of value, the request's environment over the process's.
-docs/settings.md is the table."""
+kind of value, the request's environment over the process's, and a value
+that cannot be parsed refused where it arrives: the WSGI application does
+not load (gunicorn's worker fails to boot), an aspen-cgi request gets a 500
+with the message in the server's log and never a traceback in its body,
+`aspen` exits 2. docs/settings.md is the table."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +24,7 @@ from . import harness as h
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parent.parent
+ASPEN = str(Path(sys.executable).parent / "aspen")
 
 # One bad value of each kind: (setting, value, what the message says it accepts)
 BAD = [
@@ -155,3 +162,76 @@ def test_parsed_once_per_environment(monkeypatch):
     assert len(calls) <= 1
     assert settings.of(dict(env, ASPEN_QUEUE="18")).queue == 18
     assert first.queue == 17
+
+
+# -- refused where it arrives ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,value,accepted", BAD, ids=BAD_IDS)
+def test_wsgi_application_does_not_load_with_a_bad_setting(name, value, accepted):
+    env = dict(os.environ, **{name: value})
+    res = subprocess.run([sys.executable, "-c", "import aspen_cgi.wsgi"], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=str(ROOT))
+    assert res.returncode != 0
+    assert _message(name, value, accepted) in res.stderr
+
+
+def test_gunicorn_worker_fails_to_boot_and_says_why(tmp_path):
+    """gunicorn's master listens before its workers load the application; the
+    worker that cannot load it fails to boot, and gunicorn exits."""
+    (tmp_path / "root").mkdir()
+    server = h.Server(tmp_path / "root", {"ASPEN_CACHE_MAX_BYTES": "1x"}, workers=1)
+    try:
+        try:
+            server.start()
+        except AssertionError:
+            pass                # exited before it said it listens
+        assert server.proc.wait(timeout=60) != 0
+    finally:
+        server.stop()
+    log = server.log_text()
+    assert "Worker failed to boot" in log
+    assert _message("ASPEN_CACHE_MAX_BYTES", "1x", BAD[1][2]) in log
+
+
+@pytest.mark.parametrize("name,value,accepted", BAD, ids=BAD_IDS)
+def test_cgi_request_with_a_bad_setting_gets_500_and_the_message_in_the_log(root, name, value, accepted):
+    env = {"GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1", "REQUEST_METHOD": "GET",
+           "PATH_INFO": "/repo.git/info/refs", "QUERY_STRING": "service=git-upload-pack", name: value}
+    res = h.aspen(env)
+    assert res.status == 500
+    assert res.body == settings.REFUSED_BODY
+    assert b"Traceback" not in res.body and value.encode() not in res.body
+    assert _message(name, value, accepted).encode() in res.stderr
+    assert b"Traceback" not in res.stderr
+
+
+def test_wsgi_request_with_a_bad_setenv_gets_500_and_the_message_in_the_log(root):
+    env = {"GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1", "REQUEST_METHOD": "GET",
+           "PATH_INFO": "/repo.git/info/refs", "QUERY_STRING": "service=git-upload-pack",
+           "ASPEN_REQUEST_TIMEOUT": "1h"}
+    res = h.wsgi(env)
+    assert res.status == 500
+    assert res.body == settings.REFUSED_BODY
+    assert _message("ASPEN_REQUEST_TIMEOUT", "1h", "seconds, a number from 0").encode() in res.stderr
+    assert b"Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("name,value,accepted", BAD, ids=BAD_IDS)
+def test_aspen_command_exits_2_with_the_message(root, name, value, accepted):
+    res = subprocess.run([ASPEN, "stats", str(root / "repo.git")], env=dict(os.environ, **{name: value}),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert _message(name, value, accepted) in res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+@pytest.mark.parametrize("value,expected", [("1g", 1 << 30), ("500m", 500 << 20), ("2g", 2 << 30),
+                                            ("1048576", 1 << 20)])
+def test_cache_max_bytes_takes_git_size_units(root, value, expected):
+    """ASPEN_CACHE_MAX_BYTES=1g is 1 GiB (it fell back to the default, which
+    happens to be 1 GiB, as 500m did: int() could not parse them)."""
+    res = subprocess.run([ASPEN, "stats", "--json", str(root / "repo.git")],
+                         env=dict(os.environ, ASPEN_CACHE_MAX_BYTES=value), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["repositories"][0]["max_bytes"] == expected
