@@ -59,7 +59,7 @@ ACCEPTED = {
     SWITCH: "a boolean: " + _BOOL_WORDS,
     SIZE: "bytes, or a number with a `k`, `m` or `g` suffix (`500m`, `2g`)",
     SECONDS: "seconds, a number from `0` (`0.5`, `60`)",
-    ANY_SECONDS: "seconds, a number (`3600`; `-1`: never)",
+    ANY_SECONDS: "seconds, any number (`3600`, `-1`)",
     MILLISECONDS: "milliseconds, a number from `0` (`250`, `2000`)",
     COUNT: "a whole number from `1`",
     COUNT0: "a whole number from `0`",
@@ -127,7 +127,7 @@ TABLE = (
      "after a push, compute the depth-1 clone answers of HEAD's branch (`default`), of every branch it "
      "moved (`all`), or none"),
     ("ASPEN_PREWARM_DEMAND_S", "prewarm_demand", ANY_SECONDS, 86400.0, "`86400`", None,
-     "pre-warm only repositories whose depth-1 clones were asked for within this long"),
+     "pre-warm only repositories whose depth-1 clones were asked for within this long (negative: none)"),
     # admission
     ("ASPEN_COLD_PER_REPO", "cold_per_repo", COUNT, _cores, "the number of cores", None,
      "git upload-pack runs at once per repository (the rest queue)"),

@@ -32,6 +32,7 @@ BAD = [
     ("ASPEN_CACHE_MAX_BYTES", "1x", "bytes, or a number with a k, m or g suffix (500m, 2g)"),
     ("ASPEN_IDLE_TIMEOUT", "soon", "seconds, a number from 0"),
     ("ASPEN_BUILD_WAIT_MS", "-5", "milliseconds, a number from 0"),
+    ("ASPEN_PREWARM_DEMAND_S", "a day", "seconds, any number (3600, -1)"),
     ("ASPEN_COLD_PER_REPO", "0", "a whole number from 1"),
     ("ASPEN_QUEUE", "1.5", "a whole number from 0"),
     ("ASPEN_PREWARM", "sometimes", "default, all, off"),
@@ -39,7 +40,7 @@ BAD = [
     ("ASPEN_REMOTE_USER_HEADER", "X Remote User", "an HTTP header name"),
 ]
 BAD_IDS = [f"{kind}-{name}" for (name, _, _), kind in zip(BAD, (
-    "switch", "size", "seconds", "milliseconds", "count", "count0", "mode", "mode-or-switch", "header"))]
+    "switch", "size", "seconds", "milliseconds", "any-seconds", "count", "count0", "mode", "mode-or-switch", "header"))]
 
 
 def _message(name: str, value: str, accepted: str) -> str:
