@@ -7,6 +7,9 @@ ASPEN_METRICS=1 the same trace is added to the server's counters
 from __future__ import annotations
 
 import time
+
+from . import settings
+
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:
     from typing import IO, Iterable, Iterator
@@ -16,7 +19,8 @@ METRICS_KEY = "metrics_dir"     # in a response's trace: count it in this metric
 
 
 def enabled(env) -> bool:
-    return env.get("ASPEN_ACCESS_LOG", "1") not in ("0", "false", "no", "")
+    """ASPEN_ACCESS_LOG (settings.py)."""
+    return settings.of(env).access_log
 
 
 def line(method: str, path: str, status: int, nbytes: int, started: float, trace: dict) -> str:

@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from . import settings
+
 
 class Overloaded(Exception):
     """No place in the queue, or the wait ran out."""
@@ -48,20 +50,12 @@ class Limits:
 BUILDS_ENV = "ASPEN_BUILDS_PER_SERVER"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    try:
-        return max(0, int(env.get(name) or os.environ.get(name) or default))
-    except ValueError:
-        return default
-
-
 def limits(env: Mapping[str, str]) -> Limits:
-    cpus = os.cpu_count() or 2
-    run_dir = env.get("ASPEN_RUN_DIR") or os.environ.get("ASPEN_RUN_DIR") or f"/tmp/aspen-run-{os.getuid()}"
-    return Limits(run_dir, max(1, _int(env, "ASPEN_COLD_PER_REPO", cpus)),
-                  max(1, _int(env, "ASPEN_COLD_PER_SERVER", 2 * cpus)), _int(env, "ASPEN_QUEUE", 1024),
-                  float(_int(env, "ASPEN_QUEUE_WAIT", 300)), max(1, _int(env, "ASPEN_RETRY_AFTER", 5)),
-                  max(1, _int(env, BUILDS_ENV, max(1, cpus // 2))))
+    """The ASPEN_RUN_DIR, ASPEN_COLD_*, ASPEN_QUEUE*, ASPEN_RETRY_AFTER and
+    ASPEN_BUILDS_PER_SERVER settings of ENV (settings.py)."""
+    s = settings.of(env)
+    return Limits(s.run_dir, s.cold_per_repo, s.cold_per_server, s.queue, s.queue_wait, s.retry_after,
+                  s.builds_per_server)
 
 
 def _take(path: str) -> Optional[int]:

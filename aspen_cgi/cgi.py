@@ -4,7 +4,10 @@ imports only the request pipeline and writes stock's exact header block.
 Limits (http/limits.py): the body is read from the pipe Apache gives us with
 ASPEN_IDLE_TIMEOUT between bytes, and the answer written with the same idle
 bound; ASPEN_REQUEST_TIMEOUT is checked at every read and answer chunk.
-Apache's own Timeout (default 60 s) also bounds both sides of the client."""
+Apache's own Timeout (default 60 s) also bounds both sides of the client.
+
+Settings (settings.py) arrive with each request: a value that cannot be
+parsed gets the request a 500, the message naming it in Apache's error log."""
 
 from __future__ import annotations
 
@@ -74,7 +77,20 @@ def _read_small(n: int) -> bytes:
     return out
 
 
-def _replayed(env, body: bytes, started: float) -> bool:
+def _refused(error: Exception) -> int:
+    """A 500 for a request whose settings cannot be parsed: what is wrong in
+    the server's log, a short body that names nothing."""
+    from .http.headers import NOCACHE
+    from .settings import REFUSED_BODY
+    sys.stderr.write(f"{error}\n")
+    head = "Status: 500 Internal Server Error\r\n" + "".join(f"{k}: {v}\r\n" for k, v in NOCACHE)
+    head += f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(REFUSED_BODY)}\r\n\r\n"
+    sys.stdout.buffer.write(head.encode() + REFUSED_BODY)
+    sys.stdout.flush()
+    return 0
+
+
+def _replayed(env, body: bytes, started: float, config) -> bool:
     """Send the recorded answer to this request (http/replay.py), if there is one."""
     from .http import replay
     hit = replay.lookup(env, body)
@@ -107,12 +123,11 @@ def _replayed(env, body: bytes, started: float) -> bool:
     except OSError:
         trace["ended"] = "entry-gone"
     hit.apply_effects()
-    if env.get("ASPEN_METRICS"):
+    if config.metrics:
         from . import metrics
-        if metrics.enabled(env):
-            metrics.count(metrics.prepare(env), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
-    from .accesslog import enabled, line
-    if enabled(env):
+        metrics.count(metrics.prepare(env), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
+    from .accesslog import line
+    if config.access_log:
         sys.stderr.write(line(env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""), 200, hit.length,
                               started, trace))
     return True
@@ -122,29 +137,33 @@ def main() -> int:
     started = time.monotonic()
     started_ns = time.time_ns()
     env = dict(os.environ)
+    from . import settings
+    try:
+        config = settings.of(env)
+    except settings.SettingsError as e:
+        return _refused(e)
     from .http.replay import kind as replay_kind
     kind = replay_kind(env)
     prefix = _read_small(int(env["CONTENT_LENGTH"])) if kind == "post" else b""
-    if kind is not None and _replayed(env, prefix, started):
+    if kind is not None and _replayed(env, prefix, started, config):
         return 0
     flight = None
     if kind is not None:
         from .http.replay import Flight, is_listing
         if is_listing(kind, prefix):
             flight = Flight.begin(env, prefix)
-            if flight is not None and not flight.leader and _replayed(env, prefix, started):
+            if flight is not None and not flight.leader and _replayed(env, prefix, started, config):
                 return 0
     try:
-        return _pipeline(env, kind, prefix, started, started_ns)
+        return _pipeline(env, kind, prefix, started, started_ns, config)
     finally:
         if flight is not None:
             flight.end()
 
 
-def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int) -> int:
+def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, config) -> int:
     from .http.replay import MAX_ANSWER
-
-    from .accesslog import Counted, enabled, write_messages
+    from .accesslog import Counted, write_messages
     from .http.backend import handle
     from .http.limits import Limits
     from .http.message import Request
@@ -155,7 +174,7 @@ def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int) -
     write_messages(sys.stderr, resp.log)
     head = ("".join(f"{k}: {v}\r\n" for k, v in resp.headers) + "\r\n").encode("utf-8", "surrogateescape")
     body = Counted(resp.body, sys.stderr, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
-                   resp.status, resp.trace, started, enabled(env), resp.late)
+                   resp.status, resp.trace, started, config.access_log, resp.late)
     recordable = kind is not None and resp.status == 200 and not resp.log and resp.trace.get("replayable")
     kept: list[bytes] | None = [] if recordable and "replay_file" not in resp.trace else None
     sys.stdout.flush()

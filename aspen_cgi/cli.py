@@ -1,7 +1,9 @@
 """`aspen`: the operator's command line. `dev` serves repositories; `log`,
 `verify`, `compact`, `import` and `query` read and maintain a repository's
 ref store and version packs; `stats` reports the response cache, and with
-`--server` the server's metrics (metrics.py)."""
+`--server` the server's metrics (metrics.py). Each command reads the
+server's settings (settings.py) from its environment, and exits 2 when one
+cannot be parsed."""
 
 from __future__ import annotations
 
@@ -544,6 +546,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
+        return 2
+    from . import settings
+    try:
+        settings.of(os.environ)       # every command reads them: a bad one stops it before it starts
+    except settings.SettingsError as e:
+        print(e, file=sys.stderr)
         return 2
     rc = args.func(args)
     if args.command == "import" and _RECORDED:

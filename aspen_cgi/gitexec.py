@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Callable, Iterator, Mapping, Optional, Sequence
 
-GIT = os.environ.get("ASPEN_GIT", "git")
+GIT = os.environ.get("ASPEN_GIT", "git")   # internal (settings.INTERNAL): tests wrap git with it
 Timeout = subprocess.TimeoutExpired
 CHUNK = 65536
 NICE = shutil.which("nice")            # coreutils: a background child's niceness

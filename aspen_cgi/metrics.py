@@ -49,7 +49,8 @@ import time
 import zlib
 from typing import Mapping, Optional
 
-ENV = "ASPEN_METRICS"
+from . import settings
+
 PATH = "/_aspen/metrics"
 """Where the endpoint answers: PATH_INFO exactly this. Stock's routes
 (http/routes.py) are anchored at the end of the path and every one ends in
@@ -115,16 +116,16 @@ UNLABELLED = ("aspen_admission_rejected_total", "aspen_admission_queued_total",
 
 
 def enabled(env: Mapping[str, str]) -> bool:
-    value = (env.get(ENV) or os.environ.get(ENV) or "").strip().lower()
-    return value not in ("", "0", "off", "false", "no")
+    """ASPEN_METRICS (settings.py)."""
+    return settings.of(env).metrics
 
 
 def _base(env: Mapping[str, str]) -> tuple[str, bool]:
     """(the directory metrics/ goes in, whether it is the run directory)."""
-    state = env.get("ASPEN_STATE_DIR") or os.environ.get("ASPEN_STATE_DIR")
-    if state:
-        return state, False
-    return env.get("ASPEN_RUN_DIR") or os.environ.get("ASPEN_RUN_DIR") or f"/tmp/aspen-run-{os.getuid()}", True
+    s = settings.of(env)
+    if s.state_dir:
+        return s.state_dir, False
+    return s.run_dir, True
 
 
 def directory(env: Mapping[str, str]) -> str:

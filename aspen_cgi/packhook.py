@@ -25,19 +25,17 @@ import shlex
 import sys
 from typing import Mapping, Optional, Sequence
 
-from . import gitexec
+from . import gitexec, settings
 from .packs.recompress import RecompressError, rewrite
 from .protocol.requests import FetchRequest
 
-WINDOW_ENV = "ASPEN_DEPTH1_WINDOW"      # delta search window (default 50; git's own is 10)
-
 
 def wide_args(env: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
-    env = os.environ if env is None else env
-    window = env.get(WINDOW_ENV, "50")
-    window = window if window.isdigit() else "50"
+    """pack-objects' arguments for the wide search: the window is ASPEN_DEPTH1_WINDOW
+    (settings.py; git's own is 10), of ENV or, in the hook, of the environment
+    upload-pack passed on."""
+    window = settings.of(env).depth1_window
     return (f"--window={window}", "--depth=50", "--no-reuse-delta", "--compression=9")
-ENV_SWITCH = "ASPEN_WIDE_DEPTH1"
 
 
 def upload_pack_config(python: str = sys.executable) -> list[str]:
@@ -52,8 +50,7 @@ def wants_wide_pack(req: FetchRequest, env: Optional[Mapping[str, str]] = None) 
 
     Deeper shallow clones are left to stock: without delta reuse, pack-objects
     would recompute every delta of the whole requested history."""
-    env = os.environ if env is None else env
-    if env.get(ENV_SWITCH, "1").strip() == "0":
+    if not settings.of(env).wide_depth1:
         return False
     return req.deepen == 1 and not req.haves and req.packfile_uris is None
 

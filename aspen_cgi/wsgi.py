@@ -9,17 +9,26 @@ gets ASPEN_IDLE_TIMEOUT for every read of the body and write of the answer,
 and is shut at the ASPEN_REQUEST_TIMEOUT deadline, which frees a worker held
 by a trickling or non-reading client; the access line says `ended=...` when
 an answer was cut short. Under mod_wsgi, Apache's Timeout bounds reads and
-writes (the deadline is still checked at each body read and answer chunk)."""
+writes (the deadline is still checked at each body read and answer chunk).
+
+Settings (settings.py) are parsed as the application loads: a value in the
+process environment that cannot be parsed stops it loading (gunicorn's
+worker fails to boot, mod_wsgi logs the error), with a message naming the
+setting, the value and what is accepted. One that arrives with a request
+(mod_wsgi's SetEnv) gets that request a 500, the message in the server's log."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from typing import Callable, Iterable, Iterator, Optional
 
-from .accesslog import Counted, CountedFile, enabled, write_messages
+from . import settings
+from .accesslog import Counted, CountedFile, write_messages
 from .http import dumb
+from .http import headers as H
 from .http.backend import handle
 from .http.limits import Limits
 from .http.message import Request
@@ -27,7 +36,11 @@ from .http.watchdog import WATCHDOG
 from .packs import background
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
-REMOTE_USER_HEADER = "ASPEN_REMOTE_USER_HEADER"   # opt in: a trusted proxy names the user in this header
+
+
+# The process environment's settings, before the application settles: a value that cannot be
+# parsed stops the load here, the SettingsError naming it (gunicorn and mod_wsgi log it).
+settings.of(os.environ)
 
 background.IN_PROCESS = True   # this process lives on: version packs are built in a thread
 
@@ -64,7 +77,7 @@ def cgi_env(environ: dict) -> dict[str, str]:
             env[key] = value
     if not environ.get("CONTENT_LENGTH"):
         env.pop("CONTENT_LENGTH", None)
-    header = env.get(REMOTE_USER_HEADER, "").strip()
+    header = settings.of(env).remote_user_header
     if header:
         # Behind a proxy that authenticates (nginx's auth_basic) and always sets the header: the
         # header alone names the user, and it is not passed on as a request header.
@@ -146,9 +159,24 @@ class _Guarded:
         self.body.close()
 
 
+def _refused(error: Exception, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    """A 500 for a request whose settings (SetEnv) cannot be parsed: what is
+    wrong in the server's log, a short body that names nothing."""
+    errors = environ.get("wsgi.errors") or sys.stderr
+    write_messages(errors, [str(error)])
+    body = settings.REFUSED_BODY
+    start_response("500 Internal Server Error", H.nocache() + [
+        ("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
 def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
     started = time.monotonic()
-    env = cgi_env(environ)
+    try:
+        env = cgi_env(environ)
+        config = settings.of(env)
+    except settings.SettingsError as e:
+        return _refused(e, environ, start_response)
     limits = Limits.from_env(env, started)
     guard = _Guard(environ.get("gunicorn.socket"), limits)
     stream = environ["wsgi.input"]
@@ -166,7 +194,7 @@ def application(environ: dict, start_response: Callable) -> Iterable[bytes]:
     start_response(f"{resp.status} {resp.reason}", headers)
     body = resp.body
     counted = Counted(body, errors, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),
-                      resp.status, resp.trace, started, enabled(env), resp.late)
+                      resp.status, resp.trace, started, config.access_log, resp.late)
     wrapper = environ.get("wsgi.file_wrapper")
     if wrapper is not None and isinstance(body, dumb.FileBody):
         guard.done()    # sendfile() under the socket's idle timeout

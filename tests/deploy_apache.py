@@ -90,8 +90,8 @@ def substitute(shipped: str, values: dict[str, str]) -> str:
     return text
 
 
-def _wrapper(workdir: Path, port: int, include: Path, wsgi: bool) -> str:
-    """The test-only part: what a distribution's apache2.conf would hold."""
+def _wrapper(workdir: Path, port: int, include: Path, wsgi: bool, extra: tuple[str, ...] = ()) -> str:
+    """The test-only part: what a distribution's apache2.conf would hold (and EXTRA lines)."""
     user = group = "www-data"
     if os.geteuid() != 0:
         import grp
@@ -124,6 +124,7 @@ def _wrapper(workdir: Path, port: int, include: Path, wsgi: bool) -> str:
         "<Directory />",
         "    Require all denied",
         "</Directory>",
+        *extra,
         f'Include "{include}"',
         "",
     ])
@@ -202,9 +203,10 @@ class Apache:
 
 
 def start_apache(workdir: Path, shipped: str, values: dict[str, str], prefix: str, *, wsgi: bool = False,
-                 timeout: float = 30.0) -> Apache:
-    """Fill in SHIPPED (a file in apache/) with VALUES, wrap it, and start Apache in the
-    foreground on a free random loopback port (Apache cannot bind port 0: a clash makes it exit)."""
+                 timeout: float = 30.0, extra: tuple[str, ...] = ()) -> Apache:
+    """Fill in SHIPPED (a file in apache/) with VALUES, wrap it (with the EXTRA lines of
+    server configuration, e.g. a SetEnv), and start Apache in the foreground on a free
+    random loopback port (Apache cannot bind port 0: a clash makes it exit)."""
     world_dir(workdir)
     include = workdir / shipped
     include.write_text(substitute(shipped, values))
@@ -214,7 +216,7 @@ def start_apache(workdir: Path, shipped: str, values: dict[str, str], prefix: st
     env.pop("GIT_PROTOCOL", None)
     for _ in range(20):
         port = random.randint(20000, 59999)
-        conf.write_text(_wrapper(workdir, port, include, wsgi))
+        conf.write_text(_wrapper(workdir, port, include, wsgi, extra))
         check = subprocess.run([APACHE, "-f", str(conf), "-t"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT)
         if check.returncode != 0:

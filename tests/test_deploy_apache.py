@@ -14,6 +14,8 @@ import re
 import shutil
 import sys
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -246,5 +248,35 @@ def test_side_by_side(install, tmp_path):
         check_mirror(aspen, repo)
         log = server.log()
         assert "aspen: repo=" in log          # /aspen/ really was Aspen
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ["cgi", "wsgi"])
+def test_a_setting_that_cannot_be_parsed_is_a_500_with_the_message_in_the_error_log(install, tmp_path, kind):
+    """`SetEnv ASPEN_CACHE_MAX_BYTES 1x`: each request gets a 500 with a
+    short body (aspen-cgi reads its settings per request; mod_wsgi passes
+    SetEnv in each request's environ), and Apache's error log names the
+    setting, the value and what it accepts, without a traceback."""
+    from aspen_cgi.settings import REFUSED_BODY
+    base = da.world_dir(tmp_path / kind)
+    root = da.world_dir(base / "root")
+    name, _ = new_repo(root)
+    shipped = "aspen-cgi.conf" if kind == "cgi" else "aspen-wsgi.conf"
+    server = da.start_apache(base / "server", shipped, dict(install, GIT_PROJECT_ROOT=str(root)), "/git",
+                             wsgi=kind == "wsgi", extra=("SetEnv ASPEN_CACHE_MAX_BYTES 1x",))
+    try:
+        url = server.url(name) + "/info/refs?service=git-upload-pack"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                status, body = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            status, body = e.code, e.read()
+        assert status == 500
+        assert body == REFUSED_BODY
+        log = server.log()
+        assert ("aspen: bad setting ASPEN_CACHE_MAX_BYTES='1x': expected bytes, or a number with a k, m or g "
+                "suffix (500m, 2g)") in log
+        assert "Traceback" not in log
     finally:
         server.stop()

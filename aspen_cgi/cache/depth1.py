@@ -48,7 +48,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 from . import entries, evict, stats
 from .entries import DEPTH1_STOCK, DEPTH1_WIDE, SUFFIX, Replacement
 
-NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer
+NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer (settings.INTERNAL)
 NICE = 10
 RETRY_AFTER_S = 60.0
 _ENV = ("ASPEN_DEPTH1_GITDIR", "ASPEN_DEPTH1_NAME", "ASPEN_DEPTH1_VERSION", "ASPEN_DEPTH1_REQUEST")

@@ -37,19 +37,17 @@ import threading
 import time
 from typing import Mapping, Optional
 
+from .. import settings
 from ..protocol import pktline
 
-ENV = "ASPEN_PREWARM"
-DEMAND_ENV = "ASPEN_PREWARM_DEMAND_S"
 DEMAND_FILE = "depth1.asked"
-DEMAND_S = 86400.0
 NOTE_EVERY_S = 60.0
 ZERO = "0" * 40
 
 
 def policy(env: Mapping[str, str]) -> str:
-    value = (env.get(ENV) or os.environ.get(ENV) or "default").lower()
-    return value if value in ("default", "all", "off") else "default"
+    """ASPEN_PREWARM (settings.py): `default`, `all` or `off`."""
+    return settings.of(env).prewarm
 
 
 def demand_effect(sdir: str) -> tuple[str, str, str]:
@@ -75,11 +73,7 @@ def note_demand(sdir: str) -> None:
 
 def demanded(sdir: str, env: Mapping[str, str]) -> bool:
     """Whether a client asked for a depth-1 clone within the demand window."""
-    raw = env.get(DEMAND_ENV) or os.environ.get(DEMAND_ENV)
-    try:
-        window = float(raw) if raw else DEMAND_S
-    except ValueError:
-        window = DEMAND_S
+    window = settings.of(env).prewarm_demand
     try:
         return time.time() - os.stat(os.path.join(sdir, DEMAND_FILE)).st_mtime <= window
     except OSError:

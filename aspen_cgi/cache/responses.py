@@ -19,12 +19,13 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
 
+from .. import settings as aspen_settings
 from . import entries, evict, stats
 from .entries import Abandoned, EntryFile, Follower, Producer
 from .key import CacheKey
 
-DEFAULT_MAX = 1 << 30
-DEFAULT_RESERVE = 64 << 20
+DEFAULT_MAX = aspen_settings.default("ASPEN_CACHE_MAX_BYTES")
+DEFAULT_RESERVE = aspen_settings.default("ASPEN_CACHE_RESERVE_BYTES")
 
 
 @dataclass(frozen=True)
@@ -36,26 +37,17 @@ class Settings:
                                  # has HEAD: never a deleted repository's); None: a directory of its own
 
 
-def _size(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name) or os.environ.get(name)
-    try:
-        return max(0, int(raw)) if raw else default
-    except ValueError:
-        return default
-
-
 def settings(state_dir: str, env: Mapping[str, str]) -> Optional[Settings]:
     """The cache of a repository whose state lives in STATE_DIR, or None when
     turned off (ASPEN_CACHE=off). ASPEN_CACHE_DIR shares one directory (and
     one bound, ASPEN_CACHE_MAX_BYTES, default 1 GiB) between repositories."""
-    flag = (env.get("ASPEN_CACHE") or os.environ.get("ASPEN_CACHE") or "on").lower()
-    if flag in ("0", "off", "no", "false"):
+    s = aspen_settings.of(env)
+    if not s.cache:
         return None
-    shared = env.get("ASPEN_CACHE_DIR") or os.environ.get("ASPEN_CACHE_DIR")
+    shared = s.cache_dir
     directory = shared or os.path.join(state_dir, "cache")
-    outside = shared or env.get("ASPEN_STATE_DIR") or os.environ.get("ASPEN_STATE_DIR")
-    return Settings(directory, _size(env, "ASPEN_CACHE_MAX_BYTES", DEFAULT_MAX),
-                    _size(env, "ASPEN_CACHE_RESERVE_BYTES", DEFAULT_RESERVE),
+    outside = shared or s.state_dir
+    return Settings(directory, s.cache_max_bytes, s.cache_reserve_bytes,
                     None if outside else os.path.dirname(state_dir.rstrip("/")))
 
 

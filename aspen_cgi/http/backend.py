@@ -10,6 +10,7 @@ from typing import Iterator, Mapping, Optional
 
 from .. import gitexec
 from .. import refs as refs_mod
+from .. import settings
 from ..protocol.pktline import ProtocolError
 from ..repoconfig import ConfigError, RepoConfig
 from ..accesslog import METRICS_KEY
@@ -165,10 +166,10 @@ def handle(req: Request) -> Response:
 
 def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
     """Where this server counts (ASPEN_METRICS=1), or None; metrics.py loads only when it is on."""
-    if not (env.get("ASPEN_METRICS") or os.environ.get("ASPEN_METRICS")):
+    if not settings.of(env).metrics:
         return None
     from .. import metrics
-    return metrics.prepare(env) if metrics.enabled(env) else None
+    return metrics.prepare(env)
 
 
 # What an error response's access line keeps of the request it ended: the repository, the
@@ -250,10 +251,10 @@ def _handle(req: Request, seen: dict) -> Response:
         resp = dumb.strbuf(H.nocache(), "text/plain; charset=utf-8", dumb.info_packs_body(repo.gitdir))
     elif handler == "text_file":
         _getanyfile(config, [])
-        resp = dumb.local_file(repo.gitdir, m.arg, H.nocache(), "text/plain")
+        resp = dumb.local_file(repo.gitdir, m.arg, H.nocache(), "text/plain", env)
     elif handler == "file":
         _getanyfile(config, [])
-        resp = dumb.local_file(repo.gitdir, m.arg, H.forever(), m.route.content_type)
+        resp = dumb.local_file(repo.gitdir, m.arg, H.forever(), m.route.content_type, env)
     else:
         _note_service(seen, m.arg)
         svc = select_service(m.arg, config, env, [])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterator
+from typing import Iterator, Mapping, Optional
 
+from .. import settings
 from ..refs import RefSnapshot
 from . import headers as H
 from .message import HttpError, Response
@@ -104,20 +105,22 @@ def within(base: str, real: str) -> bool:
     return real == base or real.startswith(base + "/")
 
 
-def _servable(gitdir: str, name: str, real: str) -> bool:
+def _servable(gitdir: str, name: str, real: str, env: Optional[Mapping[str, str]] = None) -> bool:
     """Inside the repository (or its objects directory, which may be linked
     elsewhere as a whole), and not inside Aspen's own state: the ref store,
     response cache and stored packs are never files to serve."""
     roots = [gitdir] + ([os.path.join(gitdir, "objects")] if name.startswith("objects/") else [])
     if not any(within(r, real) for r in roots):
         return False
-    private = [os.path.join(gitdir, "aspen")] + [os.environ[k] for k in ("ASPEN_STATE_DIR", "ASPEN_CACHE_DIR")
-                                                 if os.environ.get(k)]
+    s = settings.of(env)
+    private = [os.path.join(gitdir, "aspen")] + [d for d in (s.state_dir, s.cache_dir) if d]
     return not any(within(p, real) for p in private)
 
 
-def local_file(gitdir: str, name: str, prefix: list[tuple[str, str]], content_type: str) -> Response:
-    """send_local_file(), serving only regular files inside the repository.
+def local_file(gitdir: str, name: str, prefix: list[tuple[str, str]], content_type: str,
+               env: Optional[Mapping[str, str]] = None) -> Response:
+    """send_local_file(), serving only regular files inside the repository
+    (ENV: the request's, for where Aspen's state is).
 
     Stock follows a symbolic link anywhere (objects/pack/pack-<h>.pack ->
     /etc/passwd is served) and blocks forever on a FIFO; Aspen answers both
@@ -133,7 +136,7 @@ def local_file(gitdir: str, name: str, prefix: list[tuple[str, str]], content_ty
         if not stat.S_ISREG(st.st_mode):
             why = os.strerror(errno.EISDIR) if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise HttpError(404, "Not Found", f"Cannot open '{name}': {why}", headers=prefix)
-        if not _servable(gitdir, name, _opened_path(fd, path)):
+        if not _servable(gitdir, name, _opened_path(fd, path), env):
             raise HttpError(404, "Not Found", f"Cannot open '{name}': outside the repository", headers=prefix)
         f = os.fdopen(fd, "rb")
     except BaseException:

@@ -1,5 +1,4 @@
-"""Per-request limits, read from the request's environment and the process
-environment like the other ASPEN_* settings:
+"""Per-request limits, from the request's settings (settings.py):
 
     ASPEN_MAX_PUSH_BYTES   bound on a receive-pack request body (raw, and inflated
                            when gzipped); 0 = unlimited, as stock (git size units: 500m, 2g)
@@ -13,36 +12,18 @@ compressed, so such a body is a bomb, whatever the size bound."""
 
 from __future__ import annotations
 
-import os
 import time
-from ..gitvalues import ConfigError, parse_size
+
+from .. import settings
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:
     from typing import Mapping, Optional
 
-DEFAULT_IDLE_TIMEOUT = 60.0
-DEFAULT_REQUEST_TIMEOUT = 3600.0
+DEFAULT_IDLE_TIMEOUT = settings.default("ASPEN_IDLE_TIMEOUT")
+DEFAULT_REQUEST_TIMEOUT = settings.default("ASPEN_REQUEST_TIMEOUT")
 INFLATE_RATIO = 1000
 INFLATE_FREE = 1 << 20
-
-
-def _get(env: Mapping[str, str], name: str) -> str:
-    return (env.get(name) or os.environ.get(name) or "").strip()
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    try:
-        return max(0.0, float(_get(env, name) or default))
-    except ValueError:
-        return default
-
-
-def _size(env: Mapping[str, str], name: str) -> int:
-    try:
-        return parse_size(_get(env, name) or "0")
-    except ConfigError:
-        return 0
 
 
 class Limits:
@@ -66,9 +47,8 @@ class Limits:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], started: Optional[float] = None) -> "Limits":
-        return cls(_size(env, "ASPEN_MAX_PUSH_BYTES"),
-                   _seconds(env, "ASPEN_IDLE_TIMEOUT", DEFAULT_IDLE_TIMEOUT),
-                   _seconds(env, "ASPEN_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT),
+        s = settings.of(env)
+        return cls(s.max_push_bytes, s.idle_timeout, s.request_timeout,
                    time.monotonic() if started is None else started)
 
     @property

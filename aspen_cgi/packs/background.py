@@ -11,15 +11,15 @@
   under a second lock, so that a long compaction never holds back the next
   push's version pack: a builder started meanwhile builds that and leaves the
   segments to the one compacting, which looks again before it stops.
-- When: segment packs only once the repository has been QUIET_ENV
-  milliseconds (default 1000) without a new version. During a burst of
-  pushes the builder keeps building each push's version pack (fetches wait
-  for those) and leaves compaction until the burst ends: then the schedule's
-  runs over the whole burst are built once, instead of every intermediate
-  run a push completed (each re-deltifies all its versions' objects, and
-  most are pruned by the next larger run). Measured on the medium preset,
-  513 pushes: the runs built push by push cost 11.4 ms of CPU per push, the
-  version packs 16.4 ms.
+- When: segment packs only once the repository has been
+  ASPEN_COMPACT_QUIET_MS milliseconds (default 1000) without a new version.
+  During a burst of pushes the builder keeps building each push's version
+  pack (fetches wait for those) and leaves compaction until the burst ends:
+  then the schedule's runs over the whole burst are built once, instead of
+  every intermediate run a push completed (each re-deltifies all its
+  versions' objects, and most are pruned by the next larger run). Measured
+  on the medium preset, 513 pushes: the runs built push by push cost 11.4 ms
+  of CPU per push, the version packs 16.4 ms.
 - How hard: every build (background or `aspen import`) holds one of the
   machine's ASPEN_BUILDS_PER_SERVER build slots (default half the cores, at
   least one; admission.py), apart from live requests' cold slots, so clones
@@ -61,22 +61,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from .. import gitexec
+from .. import gitexec, settings
 from ..refstore.owners import owner_alive, owner_id
 from ..repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident, open_store
 
-ENV = "ASPEN_VERSION_PACKS"
-WAIT_ENV = "ASPEN_BUILD_WAIT_MS"     # how long a fetch waits for a running builder (default 2000)
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
 NICE = 10                         # background builds' niceness
-QUIET_ENV = "ASPEN_COMPACT_QUIET_MS"   # segment packs wait for this long without a new version (default 1000)
-QUIET_DEFAULT = 1.0
 
 
 def enabled(env: Mapping[str, str]) -> bool:
-    value = (env.get(ENV) or os.environ.get(ENV) or "auto").strip().lower()
-    return value not in ("off", "0", "false", "no")
+    """ASPEN_VERSION_PACKS (settings.py) is not `off`."""
+    return settings.of(env).version_packs != "off"
 
 
 def background_search():
@@ -170,12 +166,12 @@ IN_PROCESS = False
 
 def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     """Start a builder unless one is running; True when started."""
-    if not enabled(env):
+    config = settings.of(env)
+    if config.version_packs == "off":
         return False
-    if env.get("ASPEN_METRICS") or os.environ.get("ASPEN_METRICS"):
+    if config.metrics:                  # its backlog is counted at scrape time from now on
         from .. import metrics
-        if metrics.enabled(env):        # its backlog is counted at scrape time from now on
-            metrics.note_backlog(metrics.directory(env), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
+        metrics.note_backlog(metrics.directory(env), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
     if running(packs_dir):
         return False
     child = {k: v for k, v in env.items() if k not in ("GIT_NAMESPACE",)}
@@ -208,10 +204,7 @@ def await_built(gitdir: str, store, env: Mapping[str, str]) -> bool:
     if unbuilt[0] == 1 and not _small(gitdir):
         kick(gitdir, store.packs_dir, env)
         return False
-    try:
-        wait = max(0.0, float(env.get(WAIT_ENV) or os.environ.get(WAIT_ENV) or 2000) / 1000)
-    except ValueError:
-        wait = 2.0
+    wait = settings.of(env).build_wait
     kick(gitdir, store.packs_dir, env)
     start = time.monotonic()
     pause = 0.002
@@ -375,12 +368,8 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
 
 
 def compact_quiet(env: Mapping[str, str]) -> float:
-    """Seconds without a new version before segment packs are built (QUIET_ENV, ms)."""
-    raw = env.get(QUIET_ENV) or os.environ.get(QUIET_ENV) or ""
-    try:
-        return max(0.0, float(raw) / 1000) if raw.strip() else QUIET_DEFAULT
-    except ValueError:
-        return QUIET_DEFAULT
+    """Seconds without a new version before segment packs are built (ASPEN_COMPACT_QUIET_MS)."""
+    return settings.of(env).compact_quiet
 
 
 def _unquiet(store, quiet: float) -> float:

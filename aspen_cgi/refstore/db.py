@@ -29,14 +29,14 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
+from .. import settings
 from .model import StoredRef, Update, Version
 
 SCHEMA_VERSION = 4
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
-STORE_WAIT_ENV = "ASPEN_STORE_WAIT"
-STORE_WAIT = 30.0        # a push's default patience for a locked store
+STORE_WAIT = settings.default("ASPEN_STORE_WAIT")   # a push's default patience for a locked store
 
 T = TypeVar("T")
 Conn = sqlite3.Connection
@@ -156,12 +156,8 @@ _patience = threading.local()
 
 
 def store_wait(env) -> float:
-    """ASPEN_STORE_WAIT: seconds a push waits for a ref store another process holds locked."""
-    raw = env.get(STORE_WAIT_ENV) or os.environ.get(STORE_WAIT_ENV)
-    try:
-        return max(0.0, float(raw)) if raw else STORE_WAIT
-    except ValueError:
-        return STORE_WAIT
+    """ASPEN_STORE_WAIT (settings.py): seconds a push waits for a ref store another process holds locked."""
+    return settings.of(env).store_wait
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import os
 import socket
 from typing import Mapping, Optional
 
-FAULT_ENV = "ASPEN_FAULT"
+FAULT_ENV = "ASPEN_FAULT"      # internal, for tests (settings.INTERNAL)
 
 
 def fault(point: str, env: Mapping[str, str]) -> None:

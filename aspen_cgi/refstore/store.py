@@ -24,13 +24,14 @@ import time
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from .. import refs as refs_mod
+from .. import settings
 from ..statedir import state_dir
 from . import db, diskrefs, fingerprint, reflocks, segments, views
 from .owners import fault, owner_alive, owner_id
 from .model import (ZERO, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
                     Version, VersionMeta, VerifyReport, Visits)
 
-DISABLE_ENV = "ASPEN_REFSTORE"        # "0": serve refs straight from disk, no store
+DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
 
 # Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
 LOCK_GRACE = 0.5   # seconds a dead writer's git child gets to drop its own locks
@@ -65,7 +66,7 @@ def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
 
 
 def _disabled(env: Mapping[str, str]) -> bool:
-    return (env.get(DISABLE_ENV) or os.environ.get(DISABLE_ENV, "1")) == "0"
+    return not settings.of(env).refstore
 
 
 def _file_id(path: str) -> Optional[tuple[int, int]]:

@@ -1,0 +1,332 @@
+"""Every ASPEN_* setting, in one table, parsed in one place.
+
+An operator sets these in the server's environment: the process's (gunicorn,
+a shell, systemd) or the request's (mod_wsgi's and Apache's SetEnv, the CGI
+environment). For each setting a non-empty value in the request's
+environment wins, then a non-empty value in the process environment, then
+the default; an empty value is the same as none.
+
+One convention per kind of value:
+
+- switch: git's booleans (true/false, yes/no, on/off, 1/0, as
+  gitvalues.parse_bool);
+- size: git's units (plain bytes, or a k, m or g suffix: 500m, 2g; as
+  gitvalues.parse_size);
+- seconds, milliseconds: a decimal number (the value is in seconds either way);
+- count: a whole number;
+- a setting with named modes accepts those names (ASPEN_PREWARM,
+  ASPEN_VERSION_PACKS), paths and header names as given.
+
+A value that cannot be parsed is an error (SettingsError, naming the setting,
+the value and what is accepted), raised by `of()`; never a silent default.
+The adapters call `of()` first: the WSGI application refuses to load,
+aspen-cgi answers 500 with the message in the server's log, `aspen` exits 2.
+
+`of(env)` returns the parsed settings of an environment, cached by the raw
+values, so that a long-lived process parses each environment once and every
+later call is a dictionary lookup. docs/settings.md is this table
+(`python -m aspen_cgi.settings` prints it; tests/test_settings.py checks it).
+
+Imports only os and gitvalues, and builds only plain tuples and two plain
+classes at import (no dataclass, no typing): aspen-cgi reads its settings
+before anything else, its fast path (http/replay.py) included."""
+
+from __future__ import annotations
+
+import os
+
+from .gitvalues import ConfigError, parse_bool, parse_size
+
+TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
+if TYPE_CHECKING:
+    from typing import Mapping, Optional
+
+# -- kinds of value --------------------------------------------------------------------------------
+
+SWITCH = "switch"           # git's booleans -> bool
+SIZE = "size"               # bytes, k/m/g -> int
+SECONDS = "seconds"         # a number >= 0 -> float seconds
+ANY_SECONDS = "any-seconds"   # any number (negative allowed) -> float seconds
+MILLISECONDS = "ms"         # a number >= 0 of milliseconds -> float seconds
+COUNT = "count"             # a whole number >= 1 -> int
+COUNT0 = "count0"           # a whole number >= 0 -> int
+PATH = "path"               # a path, as given -> str
+HEADER = "header"           # an HTTP header name -> str
+# A mode is a dict: each accepted word (lower case) -> the value it means.
+
+_BOOL_WORDS = "`true`/`false`, `yes`/`no`, `on`/`off`, `1`/`0`"
+ACCEPTED = {
+    SWITCH: "a boolean: " + _BOOL_WORDS,
+    SIZE: "bytes, or a number with a `k`, `m` or `g` suffix (`500m`, `2g`)",
+    SECONDS: "seconds, a number from `0` (`0.5`, `60`)",
+    ANY_SECONDS: "seconds, any number (`3600`, `-1`)",
+    MILLISECONDS: "milliseconds, a number from `0` (`250`, `2000`)",
+    COUNT: "a whole number from `1`",
+    COUNT0: "a whole number from `0`",
+    PATH: "a directory",
+    HEADER: "an HTTP header name (`X-Remote-User`)",
+}
+
+
+def _cores() -> int:
+    return os.cpu_count() or 2
+
+
+def _run_dir() -> str:
+    return f"/tmp/aspen-run-{os.getuid()}"
+
+
+_VERSION_PACKS = {"auto": "auto", "off": "off", "on": "auto", "true": "auto", "yes": "auto", "1": "auto",
+                  "false": "off", "no": "off", "0": "off"}
+_PREWARM = {"default": "default", "all": "all", "off": "off"}
+
+# -- the operator's settings -----------------------------------------------------------------------
+# (name, attribute, kind, default (or a function of nothing), default as docs/settings.md shows it,
+#  accepted values as it shows them (None: the kind's), meaning)
+
+TABLE = (
+    # where state lives, what is logged and counted
+    ("ASPEN_STATE_DIR", "state_dir", PATH, None, "unset: `<repo>/aspen/`", None,
+     "keep each repository's state (ref store, packs, cache) under this directory, at the repository's "
+     "absolute path, instead of inside the repository (read-only repositories)"),
+    ("ASPEN_RUN_DIR", "run_dir", PATH, _run_dir, "`/tmp/aspen-run-<uid>`", None,
+     "the machine's admission and build slots, and the metrics when ASPEN_STATE_DIR is unset"),
+    ("ASPEN_ACCESS_LOG", "access_log", SWITCH, True, "`1`", None,
+     "one line per request on the server's error log (`aspen: repo=... status=... ms=...`)"),
+    ("ASPEN_METRICS", "metrics", SWITCH, False, "`0`", None,
+     "count every response and serve `GET /_aspen/metrics` (Prometheus text format)"),
+    ("ASPEN_REMOTE_USER_HEADER", "remote_user_header", HEADER, None, "unset", None,
+     "WSGI only: REMOTE_USER comes from this request header, set by an authenticating proxy, and from "
+     "nowhere else"),
+    ("ASPEN_REFSTORE", "refstore", SWITCH, True, "`1`", None,
+     "keep the ref store; `0`: serve refs straight from the disk"),
+    ("ASPEN_STORE_WAIT", "store_wait", SECONDS, 30.0, "`30`", None,
+     "how long a push waits for a ref store another process holds locked (then git writes the refs alone)"),
+    # limits
+    ("ASPEN_MAX_PUSH_BYTES", "max_push_bytes", SIZE, 0, "`0` (unlimited)", None,
+     "a push's request body, raw and inflated: over it, `413`, no ref changes"),
+    ("ASPEN_IDLE_TIMEOUT", "idle_timeout", SECONDS, 60.0, "`60`", None,
+     "no byte from the client, or the client taking no answer bytes, for this long ends the request; "
+     "`0`: none"),
+    ("ASPEN_REQUEST_TIMEOUT", "request_timeout", SECONDS, 3600.0, "`3600`", None,
+     "wall clock per request; `0`: none"),
+    # the response cache, depth-1 clones and pre-warm
+    ("ASPEN_CACHE", "cache", SWITCH, True, "`1`", None, "the response cache of upload-pack answers"),
+    ("ASPEN_CACHE_DIR", "cache_dir", PATH, None, "unset: `cache/` in each repository's state", None,
+     "one cache directory shared by all repositories (and one size bound)"),
+    ("ASPEN_CACHE_MAX_BYTES", "cache_max_bytes", SIZE, 1 << 30, "`1g`", None,
+     "the cache's entries on disk, per cache directory: past it, superseded then least recently used "
+     "entries go"),
+    ("ASPEN_CACHE_RESERVE_BYTES", "cache_reserve_bytes", SIZE, 64 << 20, "`64m`", None,
+     "with less free disk space than this, no cache entry is started"),
+    ("ASPEN_WIDE_DEPTH1", "wide_depth1", SWITCH, True, "`1`", None,
+     "after git answers a depth-1 clone, build a smaller answer in the background for the clones after"),
+    ("ASPEN_DEPTH1_WINDOW", "depth1_window", COUNT0, 50, "`50`", None,
+     "the delta search window of those smaller depth-1 answers (git's own is 10)"),
+    ("ASPEN_PREWARM", "prewarm", _PREWARM, "default", "`default`", "`default`, `all`, `off`",
+     "after a push, compute the depth-1 clone answers of HEAD's branch (`default`), of every branch it "
+     "moved (`all`), or none"),
+    ("ASPEN_PREWARM_DEMAND_S", "prewarm_demand", ANY_SECONDS, 86400.0, "`86400`", None,
+     "pre-warm only repositories whose depth-1 clones were asked for within this long (negative: none)"),
+    # admission
+    ("ASPEN_COLD_PER_REPO", "cold_per_repo", COUNT, _cores, "the number of cores", None,
+     "git upload-pack runs at once per repository (the rest queue)"),
+    ("ASPEN_COLD_PER_SERVER", "cold_per_server", COUNT, lambda: 2 * _cores(), "twice the number of cores",
+     None, "git upload-pack runs at once on the machine (the rest queue)"),
+    ("ASPEN_QUEUE", "queue", COUNT0, 1024, "`1024`", None,
+     "fetches waiting for an upload-pack slot; past it, `503` with Retry-After"),
+    ("ASPEN_QUEUE_WAIT", "queue_wait", SECONDS, 300.0, "`300`", None,
+     "how long a queued fetch waits for its slot before `503`"),
+    ("ASPEN_RETRY_AFTER", "retry_after", COUNT, 5, "`5`", None, "the `Retry-After` seconds of those `503`s"),
+    ("ASPEN_BUILDS_PER_SERVER", "builds_per_server", COUNT, lambda: max(1, _cores() // 2),
+     "half the cores (at least 1)", None,
+     "version, segment and depth-1 pack builds at once on the machine (background and `aspen import`)"),
+    # stored packs
+    ("ASPEN_VERSION_PACKS", "version_packs", _VERSION_PACKS, "auto", "`auto`",
+     "`auto`, `off` (or a boolean)",
+     "build a pack for every version after it lands, and answer fetches from stored packs; `off`: git "
+     "answers every fetch"),
+    ("ASPEN_BUILD_WAIT_MS", "build_wait", MILLISECONDS, 2.0, "`2000`", None,
+     "how long a fetch arriving while its version's pack is being built waits for it"),
+    ("ASPEN_COMPACT_QUIET_MS", "compact_quiet", MILLISECONDS, 1.0, "`1000`", None,
+     "how long a repository must go without a new version before its segment packs are built"),
+)
+
+# Read by the code but not the operator's to set: test hooks, and what Aspen passes to the programs it
+# starts. Kept out of docs/settings.md and never parsed here.
+INTERNAL = (
+    ("ASPEN_GIT", "tests: the git program to run (read once, from the process environment)"),
+    ("ASPEN_FAULT", "tests: the fault point at which a writer kills itself (refstore/owners.py)"),
+    ("ASPEN_FAULT_ONCE", "tests: only while this file exists (removed first)"),
+    ("ASPEN_NO_CLIENT", "pre-warm's requests: nobody waits for the answer (cache/depth1.py)"),
+    ("ASPEN_PREWARM_GITDIR", "the repository a detached pre-warmer warms (cache/prewarm.py)"),
+    ("ASPEN_DEPTH1_GITDIR", "a detached depth-1 build's repository (cache/depth1.py)"),
+    ("ASPEN_DEPTH1_NAME", "a detached depth-1 build's cache entry"),
+    ("ASPEN_DEPTH1_VERSION", "a detached depth-1 build's ref-store version"),
+    ("ASPEN_DEPTH1_REQUEST", "a detached depth-1 build's request file"),
+)
+
+NAMES = tuple(row[0] for row in TABLE)
+_LOOKUP = tuple((row[0], row[0].encode()) for row in TABLE)
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+class SettingsError(ValueError):
+    """Values that cannot be parsed: PROBLEMS is [(name, value, what is accepted)]."""
+
+    def __init__(self, problems: list):
+        self.problems = problems
+        super().__init__("; ".join(f"aspen: bad setting {name}={value!r}: expected {accepted}"
+                                   for name, value, accepted in problems))
+
+
+class Settings:
+    """The typed settings of one environment: one attribute per TABLE row (its
+    second column), each the parsed value or the default."""
+    __slots__ = tuple(row[1] for row in TABLE)
+
+    def __repr__(self) -> str:
+        return "Settings(" + ", ".join(f"{a}={getattr(self, a)!r}" for a in self.__slots__) + ")"
+
+
+def default(name: str):
+    """NAME's default value (in seconds for a duration)."""
+    row = TABLE[NAMES.index(name)]
+    return row[3]() if callable(row[3]) else row[3]
+
+
+def accepted(row: tuple) -> str:
+    """What ROW's setting accepts, as docs/settings.md shows it."""
+    if row[5] is not None:
+        return row[5]
+    return ACCEPTED[row[2]]
+
+
+def _parse(kind, text: str):
+    """TEXT (stripped, non-empty) as KIND; ValueError when it is not one."""
+    if kind is SWITCH:
+        return parse_bool(text)
+    if kind is SIZE:
+        return parse_size(text)
+    if kind is SECONDS or kind is ANY_SECONDS or kind is MILLISECONDS:
+        value = float(text)
+        if value - value != 0:                  # inf, nan
+            raise ValueError(text)
+        if kind is not ANY_SECONDS and value < 0:
+            raise ValueError(text)
+        return value / 1000 if kind is MILLISECONDS else value
+    if kind is COUNT or kind is COUNT0:
+        if not text.isdigit():
+            raise ValueError(text)
+        value = int(text)
+        if value < (1 if kind is COUNT else 0):
+            raise ValueError(text)
+        return value
+    if kind is PATH:
+        return text
+    if kind is HEADER:
+        if not all(c in _TOKEN for c in text):
+            raise ValueError(text)
+        return text
+    return kind[text.lower()]                   # a mode: KeyError is a LookupError, not a ValueError
+
+
+def parse(values) -> Settings:
+    """Settings from VALUES, each TABLE row's raw value in order (None, '' or
+    b'' for unset; bytes are the process environment's); SettingsError
+    names every value that cannot be parsed."""
+    s = Settings()
+    problems = []
+    for row, raw in zip(TABLE, values):
+        if isinstance(raw, bytes):
+            raw = os.fsdecode(raw)
+        text = raw.strip() if raw else ""
+        if not text:
+            default = row[3]
+            value = default() if callable(default) else default
+        else:
+            try:
+                value = _parse(row[2], text)
+            except (ValueError, LookupError, ConfigError):
+                problems.append((row[0], raw, accepted(row).replace("`", "")))
+                continue
+        setattr(s, row[1], value)
+    if problems:
+        raise SettingsError(problems)
+    return s
+
+
+# The body of the 500 a request whose settings cannot be parsed gets (the log says which).
+REFUSED_BODY = b"aspen: this server's settings are invalid; its error log says which\n"
+
+_cache: dict = {}
+_CACHE_MAX = 256
+
+
+def _raw(env: Optional[Mapping[str, str]]) -> tuple:
+    """Each setting's raw value: ENV's if non-empty, else the process environment's."""
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict) and data and isinstance(next(iter(data)), bytes):
+        # os.environ.get() encodes the name and decodes the value: ~1 us a name, 30 us a call,
+        # several calls a request. The dictionary of bytes under it (POSIX) is the same
+        # environment, kept up to date by os.environ itself: ~3 us a call.
+        proc = data.get
+        if env is None or env is os.environ:
+            return tuple([proc(b) for _, b in _LOOKUP])
+        get = env.get
+        return tuple([get(n) or proc(b) for n, b in _LOOKUP])
+    proc = os.environ.get
+    if env is None or env is os.environ:
+        return tuple([proc(n) for n, _ in _LOOKUP])
+    get = env.get
+    return tuple([get(n) or proc(n) for n, _ in _LOOKUP])
+
+
+def of(env: Optional[Mapping[str, str]] = None) -> Settings:
+    """The settings of a request's environment ENV (over the process
+    environment; None: the process environment alone). Parsed once per
+    distinct set of values; SettingsError when a value cannot be parsed."""
+    key = _raw(env)
+    s = _cache.get(key)
+    if s is None:
+        s = parse(key)
+        if len(_cache) >= _CACHE_MAX:
+            _cache.clear()
+        _cache[key] = s
+    return s
+
+
+# -- docs/settings.md --------------------------------------------------------------------------------
+
+BEGIN = "<!-- the table is settings.TABLE: `python -m aspen_cgi.settings --write docs/settings.md` -->"
+END = "<!-- end of the table -->"
+
+
+def markdown() -> str:
+    """The operator's table of docs/settings.md."""
+    lines = ["| Setting | Default | Accepted | Meaning |", "|---|---|---|---|"]
+    for row in TABLE:
+        lines.append(f"| `{row[0]}` | {row[4]} | {accepted(row)} | {row[6]} |")
+    return "\n".join(lines) + "\n"
+
+
+def with_table(doc: str) -> str:
+    """DOC with the text between BEGIN and END replaced by the table."""
+    head, begin, rest = doc.partition(BEGIN + "\n")
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise ValueError(f"no {BEGIN!r} ... {END!r} in the document")
+    return head + begin + "\n" + markdown() + "\n" + end + tail
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        with open(sys.argv[2]) as f:
+            text = f.read()
+        with open(sys.argv[2], "w") as f:
+            f.write(with_table(text))
+    elif len(sys.argv) == 1:
+        sys.stdout.write(markdown())
+    else:
+        sys.exit("usage: python -m aspen_cgi.settings [--write docs/settings.md]")
