@@ -97,9 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None, help="generator seed (default: the preset's)")
     g.set_defaults(func=cmd_gen)
 
-    rep = sub.add_parser("report", help="regenerate tables and plots from a results folder",
-                         description="Rebuild tables.md and the PNG plots of DIR from its raw.jsonl.")
-    rep.add_argument("dir", type=Path, metavar="DIR", help="a results folder (holding raw.jsonl)")
+    rep = sub.add_parser("report", help="regenerate tables and plots from results folders",
+                         description="Rebuild tables.md and the PNG plots of each DIR from its raw.jsonl; "
+                                     "with --page, one page over all of them (each compared within itself).")
+    rep.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="a results folder (holding raw.jsonl)")
     rep.add_argument("--no-plots", action="store_true", help="tables only")
     rep.add_argument("--page", type=Path, metavar="FILE",
                      help="also write a BENCHMARKS.md page (method, machine, tables, where Aspen loses) to FILE")
@@ -183,13 +184,14 @@ def cmd_gen(args) -> int:
 
 
 def cmd_report(args) -> int:
-    if not (args.dir / results.RAW).is_file():
-        raise SystemExit(f"aspen-bench: {args.dir / results.RAW}: not found (not a results folder?)")
-    path = results.write_report(args.dir, plots=not args.no_plots)
-    print(path)
+    for d in args.dirs:
+        if not (d / results.RAW).is_file():
+            raise SystemExit(f"aspen-bench: {d / results.RAW}: not found (not a results folder?)")
+    for d in args.dirs:
+        print(results.write_report(d, plots=not args.no_plots))
     if args.page:
         from .page import write_page
-        print(write_page(args.page, [args.dir], command=args.campaign_command))
+        print(write_page(args.page, list(args.dirs), command=args.campaign_command))
     return 0
 
 

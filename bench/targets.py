@@ -235,7 +235,8 @@ def _apache_conf(name: str, root: Path, workdir: Path, port: int, user: str, gro
         f"Listen 127.0.0.1:{port}",
         f'PidFile "{workdir}/apache.pid"',
         f'ErrorLog "{workdir}/{name}.log"',
-        f'WSGISocketPrefix "{workdir}/wsgi"' if name == "aspen-modwsgi" else "",
+        # the daemon's socket where Apache's user reaches it (the workdir may not be)
+        f'WSGISocketPrefix "{Path(root).parent}/wsgi"' if name == "aspen-modwsgi" else "",
         "LogLevel warn",
         *loads,
         f"User {user}",

@@ -184,7 +184,8 @@ class Apache:
                 if cmd and cmd[0].startswith(b"(wsgi:"):
                     name = cmd[0].decode(errors="replace").strip()     # mod_wsgi's display-name
                 elif name.startswith("python") and len(cmd) > 1:
-                    name = os.path.basename(cmd[1].decode(errors="replace"))   # aspen-cgi
+                    script = next((a for a in cmd[1:] if a and not a.startswith(b"-")), cmd[1])  # past -I -S
+                    name = os.path.basename(script.decode(errors="replace"))   # aspen-cgi
                 self.rss[name] = max(self.rss.get(name, 0), rss)
             stop.wait(interval)
 
