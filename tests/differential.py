@@ -4,12 +4,16 @@ One request (CGI environment + body) goes to the stock binary (as a CGI),
 to `aspen-cgi` (as a CGI) and to the WSGI application in process. The
 answers are compared after normalising only what may legitimately differ:
 dates (checked for form, then replaced), the agent string in
-advertisements (and the pkt-line length of that line), and pack bytes
-(packs are indexed and compared as object sets).
+advertisements (and the pkt-line length of that line), pack bytes (packs
+are indexed and compared as object sets), and progress (side-band 2:
+compared as the sequence of its kinds of message, counts and timings
+masked; see progress_kinds()).
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import os
 import re
 import shutil
@@ -182,8 +186,125 @@ def parse_upload_response(body: bytes, repo: Optional[str] = None) -> UploadResp
             r.control.append(t)
     r.pack = bytes(pack)
     if r.pack:
+        check_pack_ends(r.pack, "response")      # before index-pack, which passes bytes after a pack through
         r.objects = pack_objects(r.pack, repo)
     return r
+
+
+# --- side-band 2: progress ------------------------------------------------------------
+
+# git's progress meters (progress.c display()): "Title: N", "Title:  P% (n/total)", each
+# maybe followed by throughput (", 1.00 MiB | 2.00 MiB/s") and ", done."
+PROGRESS_LINE = re.compile(rb"(?P<title>[A-Z][A-Za-z ]*[a-z]): +(?:\d+|\d+% \(\d+/\d+\))(?:, [^\r\n]*)?")
+# pack-objects' last line
+TOTAL_LINE = re.compile(rb"Total (?P<objects>\d+) \(delta \d+\)(?:, reused \d+ \(delta \d+\))?"
+                        rb"(?:, pack-reused \d+)?")
+# the one line Aspen writes instead when it answers from stored packs (responder.py)
+ASPEN_LINE = re.compile(rb"Aspen: \d+ stored packs, (?P<objects>\d+) objects, \d+\.\d MiB")
+# Meters git starts with start_delayed_progress(): shown only once the work has
+# taken 2 s, so whether they appear at all is timing (rev-list --progress, the
+# connectivity check of receive-pack).
+DELAYED = {"Checking connectivity"}
+
+
+def progress_kinds(data: bytes) -> list[tuple]:
+    """Side-band 2 as the sequence of what it says: ("progress", title) for
+    each meter (its updates, counts, throughput and "done" masked: they
+    depend on timing and on how the pack was built; delayed meters left
+    out), ("total",) for pack-objects' summary, ("aspen",) for Aspen's line
+    for a stored-pack answer, and ("text", line) verbatim for anything else
+    (hook output, warnings, errors)."""
+    out: list[tuple] = []
+    for seg in re.split(rb"[\r\n]", data):
+        if not seg:
+            continue
+        m = PROGRESS_LINE.fullmatch(seg)
+        if m:
+            kind: tuple = ("progress", m["title"].decode())
+            if kind[1] in DELAYED or out[-1:] == [kind]:
+                continue
+        elif TOTAL_LINE.fullmatch(seg):
+            kind = ("total",)
+        elif ASPEN_LINE.fullmatch(seg):
+            kind = ("aspen",)
+        else:
+            kind = ("text", seg)
+        out.append(kind)
+    return out
+
+
+def request_caps(request: bytes) -> set[str]:
+    """The capabilities and fetch arguments of an upload-pack or receive-pack
+    request (v0: on its first line; v2: the argument lines), gunzipped first."""
+    if request[:2] == b"\x1f\x8b":
+        try:
+            request = gzip.decompress(request)
+        except (OSError, EOFError):
+            return set()
+    caps: set[str] = set()
+    first = True
+    try:
+        toks = tokens(request)             # a receive-pack request's pack is one ("raw", ...) at the end
+    except AssertionError:                 # a malformed request: its well-formed start
+        toks = []
+    for t in toks:
+        if t[0] != "pkt":
+            continue
+        line = t[1].rstrip(b"\n")
+        if first and b"\0" in line:          # receive-pack: "old new ref\0caps"
+            caps.update(line.split(b"\0", 1)[1].decode(errors="replace").split())
+        elif first and line.startswith(b"want "):
+            caps.update(line.decode(errors="replace").split()[2:])
+        elif b" " not in line:
+            caps.add(line.decode(errors="replace"))
+        first = False
+    return caps
+
+
+def pack_count(pack: bytes) -> int:
+    """The object count in a pack's header."""
+    assert pack[:4] == b"PACK" and len(pack) >= 32, f"not a pack: {pack[:16]!r}"
+    return int.from_bytes(pack[8:12], "big")
+
+
+def check_pack_ends(pack: bytes, who: str) -> None:
+    """PACK is one whole pack and nothing after it: its last 20 bytes are
+    the SHA-1 of the rest (bytes after a pack would be outside any framing)."""
+    assert len(pack) >= 32 and hashlib.sha1(pack[:-20]).digest() == pack[-20:], \
+        f"{who}: the pack's trailer is not its checksum (bytes after the pack, or a broken pack): ...{pack[-40:]!r}"
+
+
+def compare_progress(s: bytes, a: bytes, request: Optional[bytes], who: str,
+                     packs: Optional[tuple[bytes, bytes]] = None) -> None:
+    """Side-band 2 of stock (S) and Aspen (A) for the same request. The
+    kinds of message must be the same, in the same order, except that an
+    answer Aspen wrote from stored packs has its one line where git's
+    meters were: then stock must have sent progress too. With `no-progress`
+    (upload-pack) or `quiet` (receive-pack) in the request, Aspen sends no
+    progress. PACKS (stock's, Aspen's): each side's object count must be
+    the one its own summary line states."""
+    ks, ka = progress_kinds(s), progress_kinds(a)
+    caps = request_caps(request) if request is not None else set()
+    asked = sorted(caps & {"no-progress", "quiet"})
+    if asked:
+        meters = [seg for seg in re.split(rb"[\r\n]", a)
+                  if PROGRESS_LINE.fullmatch(seg) or TOTAL_LINE.fullmatch(seg) or ASPEN_LINE.fullmatch(seg)]
+        assert meters == [], f"{who} sent progress though the request said {asked}: {a!r}"
+        assert a == b"" or s != b"", f"{who} sent band 2 where stock sent none, the request saying {asked}: {a!r}"
+    if ("aspen",) in ka:
+        assert ka == [("aspen",)], f"{who}: Aspen's stored-pack line with more progress: {a!r}"
+        git_meters = [k for k in ks if k[0] in ("progress", "total")]
+        assert git_meters and len(git_meters) == len(ks), \
+            f"{who} sent its stored-pack progress line where stock sent {'no progress' if not ks else 'more'}: stock={s!r}"
+    else:
+        assert ka == ks, f"{who} progress (band 2) differs:\n stock={ks!r}\n aspen={ka!r}\n raw stock={s!r}\n raw aspen={a!r}"
+    if packs is not None:
+        for data, pack, side in ((s, packs[0], "stock"), (a, packs[1], who)):
+            for seg in re.split(rb"[\r\n]", data):
+                m = TOTAL_LINE.fullmatch(seg) or ASPEN_LINE.fullmatch(seg)
+                if m:
+                    assert pack and int(m["objects"]) == pack_count(pack), \
+                        f"{side}'s progress says {seg!r} but its pack holds {pack_count(pack) if pack else 0} objects"
 
 
 def demux(body: bytes) -> dict[int, bytes]:
@@ -207,39 +328,75 @@ class Trio:
         return [r for r in (self.cgi, self.wsgi) if r is not None]
 
 
-def _compare_bodies(mode: str, s: bytes, a: bytes, repo: Optional[str], who: str) -> None:
+def shape(body: bytes) -> list[tuple]:
+    """The framing of a response: every token outside the side-band as it
+    is, each run of side-band packets as one ("bands",) (their channels'
+    contents are compared on their own; how they interleave is timing), raw
+    bytes as ("raw",) when they are a pack, else as they are."""
+    out: list[tuple] = []
+    for t in tokens(body):
+        if t[0] == "band":
+            if out[-1:] != [("bands",)]:
+                out.append(("bands",))
+        elif t[0] == "raw":
+            out.append(("raw",) if t[1][:4] == b"PACK" else t)
+        else:
+            out.append(t)
+    return out
+
+
+def _band_sizes_ok(body: bytes, request: Optional[bytes], who: str) -> None:
+    """Side-band packets within what the client negotiated: 1000 bytes for
+    `side-band`, 65520 for `side-band-64k` (gitprotocol-pack)."""
+    caps = request_caps(request) if request is not None else set()
+    limit = 1000 if "side-band" in caps and "side-band-64k" not in caps else 65520
+    big = max((len(t[2]) + 5 for t in tokens(body) if t[0] == "band"), default=0)
+    assert big <= limit, f"{who}: a side-band packet of {big} bytes, over the {limit} the request allows"
+
+
+def _compare_bodies(mode: str, s: bytes, a: bytes, repo: Optional[str], who: str,
+                    request: Optional[bytes] = None) -> None:
     if mode == "exact":
         assert a == s, f"{who} body differs from stock:\n stock={s[:400]!r}\n aspen={a[:400]!r}"
     elif mode == "advert":
         assert norm_advertisement(a) == norm_advertisement(s), \
             f"{who} advertisement differs:\n stock={s[:600]!r}\n aspen={a[:600]!r}"
     elif mode == "pack":
+        # the framing, every line outside the side-band and every byte outside pkt-lines exact
+        assert shape(a) == shape(s), f"{who} framing differs:\n stock={shape(s)!r}\n aspen={shape(a)!r}"
         ps, pa = parse_upload_response(s, repo), parse_upload_response(a, repo)
         assert pa.control == ps.control, f"{who} control lines differ: {ps.control!r} vs {pa.control!r}"
         assert pa.objects == ps.objects, f"{who} object sets differ: {len(ps.objects)} vs {len(pa.objects)}"
-        assert bool(pa.error) == bool(ps.error), f"{who} band 3 differs: {ps.error!r} vs {pa.error!r}"
+        assert pa.error == ps.error, f"{who} band 3 differs: {ps.error!r} vs {pa.error!r}"
+        compare_progress(ps.progress, pa.progress, request, who, (ps.pack, pa.pack))
+        _band_sizes_ok(a, request, who)
     elif mode == "sideband":
+        assert shape(a) == shape(s), f"{who} framing differs:\n stock={shape(s)!r}\n aspen={shape(a)!r}"
         bs, ba = demux(s), demux(a)
-        assert ba[1] == bs[1] and ba[3] == bs[3], f"{who} sideband differs: {bs!r} vs {ba!r}"
-    elif mode == "none":
-        pass
+        assert ba[1] == bs[1], f"{who} band 1 differs:\n stock={bs[1]!r}\n aspen={ba[1]!r}"
+        assert ba[3] == bs[3], f"{who} band 3 differs:\n stock={bs[3]!r}\n aspen={ba[3]!r}"
+        compare_progress(bs[2], ba[2], request, who)
+        _band_sizes_ok(a, request, who)
     else:
         raise ValueError(mode)
 
 
 def check_trio(s: h.CgiResult, a: h.CgiResult, w: Optional[h.CgiResult], *, mode: str = "exact",
-               stderr: Optional[str] = None, status: Optional[int] = None, repo: Optional[str] = None) -> Trio:
+               stderr: Optional[str] = None, status: Optional[int] = None, repo: Optional[str] = None,
+               request: Optional[bytes] = None) -> Trio:
+    """REQUEST: the body all three were sent (what it asked for decides some
+    of the checks: `no-progress`, `quiet`, the side-band's packet size)."""
     if status is not None:
         assert s.status == status, f"stock answered {s.status}, the test expects {status}: {s.stderr!r}"
     assert a.status == s.status, f"aspen-cgi {a.status} vs stock {s.status}; aspen stderr {a.stderr!r}"
     assert norm_headers(a.headers) == norm_headers(s.headers), \
         f"aspen-cgi headers differ:\n stock={s.headers}\n aspen={a.headers}"
-    _compare_bodies(mode, s.body, a.body, repo, "aspen-cgi")
+    _compare_bodies(mode, s.body, a.body, repo, "aspen-cgi", request)
     if w is not None:
         assert w.status == s.status, f"wsgi {w.status} vs stock {s.status}; wsgi errors {w.stderr!r}"
         assert sorted(norm_headers(w.headers, False)) == sorted(norm_headers(s.headers, False)), \
             f"wsgi headers differ:\n stock={s.headers}\n wsgi={w.headers}"
-        _compare_bodies(mode, s.body, w.body, repo, "wsgi")
+        _compare_bodies(mode, s.body, w.body, repo, "wsgi", request)
     if stderr is not None:
         assert stderr.encode() in s.stderr, f"stock stderr {s.stderr!r} lacks {stderr!r}"
         for r, who in ((a, "aspen-cgi"), (w, "wsgi")):
@@ -258,7 +415,7 @@ def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Option
     s = h.stock(env, body, timeout=timeout)
     a = h.aspen(env, body, timeout=timeout)
     w = h.wsgi(env, body) if with_wsgi else None
-    return check_trio(s, a, w, mode=mode, stderr=stderr, status=status, repo=repo)
+    return check_trio(s, a, w, mode=mode, stderr=stderr, status=status, repo=repo, request=body)
 
 
 def _remove_after_background_work(path: Path, timeout: float = 60.0) -> None:
@@ -303,7 +460,7 @@ def compare_mutating(root: Path, make_env, body: bytes = b"", **kw) -> tuple[Tri
     s = h.stock(make_env(rs), body, timeout=kw.pop("timeout", 60))
     a = h.aspen(make_env(ra), body)
     w = h.wsgi(make_env(rw), body) if kw.pop("with_wsgi", True) else None
-    return check_trio(s, a, w, **kw), (rs, ra, rw)
+    return check_trio(s, a, w, request=body, **kw), (rs, ra, rw)
 
 
 def aspen_both(env: dict, body: bytes = b"", timeout: float = 30) -> tuple[h.CgiResult, h.CgiResult]:

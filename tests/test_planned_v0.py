@@ -229,9 +229,11 @@ def test_v0_pack_framing_like_stock(mode, warm, fleet, tmp_path):
     a, s = fleet.post("aspen", body), fleet.post("stock", body)
     assert "plan=planned why=done" in _aspen_trace(a)
     a_lines, a_pack, a_progress = _pack_of(a.body, mode)
-    s_lines, s_pack, _ = _pack_of(s.body, mode)
+    s_lines, s_pack, s_progress = _pack_of(s.body, mode)
     assert a_lines == s_lines
     assert (b"Aspen: " in a_progress) == (mode != "none")
+    # Aspen's line stands where stock sent git's progress, and counts the objects its pack holds
+    d.compare_progress(s_progress, a_progress, body, "aspen", (s_pack, a_pack))
     repo = str(client) if client else None
     assert d.pack_objects(a_pack, repo) == d.pack_objects(s_pack, repo)
 

@@ -53,7 +53,8 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
             raise RuntimeError(f"warm-fetch: cannot clone {t.name}: {a.stderr_tail or b.stderr_tail}")
         quiet_repo(client)
         state[t.name] = {"client": client, "pusher": pusher, "tip": gitclient.rev_parse(pusher, ctx.trunk),
-                         "walls": [], "rows": [], "cpu": [], "waits": [], "failures": 0, "cpu_failures": 0,
+                         "walls": [], "rows": [], "cpu": [], "waits": [], "settled": [], "failures": 0,
+                         "cpu_failures": 0,
                          "error": "", "plans": PlanStats(t)}
     total = reps * len(ctx.targets)
     refspec = [f"+{ctx.trunk}:refs/remotes/origin/{ctx.trunk_name}"]
@@ -72,6 +73,7 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
             settle = wait_target_packs(ctx, t, quiet=0.05)
             if settle:
                 s["waits"].append(settle["packs_wait_ms"])
+                s["settled"].append(settle["packs_settled"])
             copies = [s["client"].parent / f"cpu-{i}" for i in range(extra)]
             for c in copies:
                 copy_client(s["client"], c)
@@ -111,6 +113,7 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
             m["server_cpu_s"] = stats.median(s["cpu"])
         if s["waits"]:
             m["packs_wait_ms"] = stats.median(s["waits"])
+            m["packs_settled"] = all(s["settled"])       # every fetch came after its push's packs were built
         m.update(s["plans"].summary())
         out.append(Measurement("warm-fetch", t.name, {}, m, s["walls"], s["error"] or (v.detail if v else "")))
         rmtree(ctx.workdir / "warm-fetch" / t.name)
