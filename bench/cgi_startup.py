@@ -77,6 +77,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=200, help="runs per case (default 200)")
     ap.add_argument("--repo", help="bare repository to serve, copied first (default: a generated one with 60 refs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument("--no-clone", action="store_true",
+                    help="leave out the clone's fetch (on a large repository stock computes the whole pack each run)")
     args = ap.parse_args()
     aspen_cgi = str(Path(sys.executable).parent / "aspen-cgi")
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,6 +107,8 @@ def main() -> int:
             "clone fetch: aspen-cgi cache, replayed": ([aspen_cgi], post, clone, False),
             "clone fetch: aspen-cgi cache, pipeline": ([aspen_cgi], post, clone, True),
         }
+        if args.no_clone:
+            cases = {k: v for k, v in cases.items() if not k.startswith("clone")}
 
         def run(argv, env, body, fresh, i):
             env = dict(env, CONTENT_LENGTH=str(len(body))) if body else env

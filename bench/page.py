@@ -22,7 +22,9 @@ same run on the same machine:
   starts) and with version packs off (`aspen-git`: every fetch is git's); stock
   `git http-backend` behind the same gunicorn through a WSGI-to-CGI bridge
   (`stock`); stock under Apache CGI where Apache is installed
-  (`stock-apache`); any other server by URL. Each target serves its own copy
+  (`stock-apache`), beside Aspen under the same Apache as a CGI
+  (`aspen-apache`) and under mod_wsgi (`aspen-modwsgi`), compared with
+  `stock-apache`; any other server by URL. Each target serves its own copy
   of the same generated repository, and each workload starts fresh servers
   over fresh copies, so pushes made by one workload never change the next.
 - **Bytes** are counted on the wire by a proxy the tool runs in front of every
@@ -152,7 +154,16 @@ def render_page(folders: list[Path], page_dir: Path, command: str = "") -> str:
         data = results.load(folder)
         datas.append((folder, data))
     if datas:
-        out += ["## Machine", ""] + _machine_table(datas[-1][1].machine) + [""]
+        out += ["## Machine", ""]
+        machines: dict[str, tuple[list[str], list[Path]]] = {}
+        for folder, data in datas:          # folders measured on different machines each say which
+            table = _machine_table(data.machine)
+            same = "\n".join(line for line in table if not line.startswith("| date |"))
+            machines.setdefault(same, (table, []))[1].append(folder)
+        for table, where in machines.values():
+            if len(machines) > 1:
+                out += ["Results folders " + ", ".join(f"`{os.path.relpath(f, page_dir)}`" for f in where) + ":", ""]
+            out += table + [""]
         out += ["## Runs", ""]
         for folder, data in datas:
             out += [f"Results folder: `{os.path.relpath(folder, page_dir)}`", ""] + _run_lines(data) + [""]
@@ -161,7 +172,8 @@ def render_page(folders: list[Path], page_dir: Path, command: str = "") -> str:
     for folder, data in datas:
         measurements = data.latest()
         plots = results.write_plots(measurements, folder)
-        out.append(results.render_tables(measurements, plots, title="Results", heading="##",
+        title = "Results" if len(datas) == 1 else f"Results: `{os.path.relpath(folder, page_dir)}`"
+        out.append(results.render_tables(measurements, plots, title=title, heading="##",
                                          link_base=page_dir).rstrip())
         out.append("")
     out += ["## Limits", "", LIMITS]
