@@ -33,7 +33,7 @@ from . import adverts, clones, fetches, lagging, memory, pushes, randomfetch, st
 
 _FAMILIES = (adverts, clones, fetches, lagging, memory, pushes, randomfetch, storms)
 
-ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement",
+ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
          "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
          "lagging-clients"]
 _ordered = {n: WORKLOADS[n] for n in ORDER if n in WORKLOADS}
