@@ -20,6 +20,19 @@ os.environ["GIT_TERMINAL_PROMPT"] = "0"
 os.environ.pop("GIT_PROTOCOL", None)
 
 
+@pytest.fixture(autouse=True)
+def dev_null_left_as_found():
+    """/dev/null keeps its mode: a CGI child of Apache (www-data) cannot run
+    git without writing it. A clean-clone run once found it 0644 after the
+    suite, and every Apache test of the next run failed: this names the test."""
+    before = os.stat("/dev/null").st_mode
+    yield
+    after = os.stat("/dev/null").st_mode
+    if after != before:
+        os.chmod("/dev/null", before & 0o7777)
+        pytest.fail(f"/dev/null's mode changed during this test: {oct(before)} -> {oct(after)} (restored)")
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A project root holding `repo.git` with a small history."""
