@@ -76,10 +76,15 @@ class RepoConfig:
         res = gitexec.git(["config", "-l", "-z"], cwd=gitdir, env=gitexec.child_env(env, GIT_DIR="."))
         config = cls.parse(res.stdout if res.ok else b"")
         racy = time.time_ns() - max((max(s[1], s[3]) for s in stamp if s), default=0) < _RACY_NS
-        included = any(k.startswith(("include.", "includeif.")) for k, _ in config.entries)
+        included = config.includes
         if res.ok and not racy and not included:
             _cache[key] = (stamp, config)
         return config
+
+    @property
+    def includes(self) -> bool:
+        """Whether the stack includes other files: their names and times are not among its sources."""
+        return any(k.startswith(("include.", "includeif.")) for k, _ in self.entries)
 
     def get(self, name: str) -> Optional[str]:
         vals = self.values.get(_key(name))

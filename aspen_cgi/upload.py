@@ -162,9 +162,16 @@ def _snapshot(ctx) -> RefSnapshot:
 _memo = Memo()
 
 
+def _replayable(ctx) -> bool:
+    """Whether http/replay.py may record this answer: the same request, refs and
+    files give the same bytes (not with included configuration files, whose
+    names and times are not among the inputs it watches)."""
+    return not ctx.config.includes
+
+
 def advertise(ctx) -> Iterator[bytes]:
     caps = _caps(ctx)
-    ctx.trace["replayable"] = caps.session_id is None     # http/replay.py: the same inputs give the same bytes
+    ctx.trace["replayable"] = _replayable(ctx) and caps.session_id is None
     if ctx.protocol_version == 2:
         return adv.v2_capabilities(caps)
     snap, hidden, shallow = _snapshot(ctx), HiddenRefs.from_config(ctx.config, "uploadpack"), shallow_roots(ctx.gitdir)
@@ -176,7 +183,7 @@ def advertise(ctx) -> Iterator[bytes]:
 def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
     """The ls-refs answer as one block (one write, not one per ref)."""
     snap = _snapshot(ctx)
-    ctx.trace["replayable"] = True
+    ctx.trace["replayable"] = _replayable(ctx)
     key = ("ls-refs", req.peel, req.symrefs, req.unborn, tuple(req.prefixes), _caps(ctx).unborn,
            HiddenRefs.from_config(ctx.config, "uploadpack").patterns)
     return iter([_memo.get(snap, key, lambda: b"".join(_ls_refs_lines(ctx, req, snap)))])
@@ -307,7 +314,7 @@ def _cached(ctx, settings, answer) -> Iterable[bytes]:
     if isinstance(answer.body, responses.EntryFile):
         from .cache.entries import DEPTH1_LABELS, DEPTH1_STOCK
         from .http.dumb import FileBody
-        if answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK:
+        if answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK and _replayable(ctx):
             # http/replay.py: the same request, refs and settings get this entry again
             effects = responses.replay_effects(settings, answer.body)
             if "depth1" in ctx.trace:

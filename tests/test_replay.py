@@ -264,3 +264,20 @@ def test_pollers_arriving_together_compute_the_listing_once(repo):
     replayed = [b"replayed=1" in err for _, err in results]
     assert len(bodies) == 1
     assert replayed.count(False) == 1, [err for _, err in results]
+
+
+def test_a_configuration_with_includes_is_never_recorded(repo):
+    """An included file's name and time are not among the inputs replay
+    watches, so nothing answered under such a configuration is recorded."""
+    root, bare, home = repo
+    extra = home / "extra.cfg"
+    extra.write_text("[uploadpack]\n\thiderefs = refs/tags\n")
+    git("config", "include.path", str(extra), cwd=str(bare))
+    env = _env(root, home)
+    _age(bare, home)
+    for _ in range(3):
+        res, replayed = _ask(env)
+        assert not replayed and b"refs/tags/" not in res.body
+    extra.write_text("[uploadpack]\n\thiderefs = refs/heads/topic\n")
+    res, replayed = _ask(env)
+    assert not replayed and b"refs/tags/" in res.body and b"refs/heads/topic" not in res.body

@@ -7,8 +7,9 @@ Recorded: upload-pack advertisements (`GET info/refs?service=git-upload-pack`,
 any protocol version) and v2 `ls-refs` answers, which is what pollers send,
 and fetches the response cache answered from a complete entry (a clone storm:
 one request in the pipeline, the rest replayed), kept as a reference to the
-cache entry, whose identity is one of the inputs. An entry holds the request's key (the environment less what varies
-per client, e.g. REMOTE_ADDR and User-Agent; the body; the effective uid) and
+cache entry, whose identity is one of the inputs. An entry holds the
+request's key (the environment less what varies per client, e.g. REMOTE_ADDR
+and User-Agent; the body; the effective uid) and
 the stat of every file the answer was computed from: the repository's path
 candidates (as enter_repo tries them), the git directory, HEAD, packed-refs and
 every directory under refs/ (git renames every ref into place, which changes
@@ -22,13 +23,15 @@ recorded (trace `replayable`: no per-process values such as a session id;
 beside sending it, e.g. count the hit), and a configuration with include
 directives is never recorded.
 
-Imports only os, time and zlib: it runs before anything else in aspen-cgi."""
+Imports only os, time, zlib and the light modules configfiles, statedir and
+settings: it runs before anything else in aspen-cgi."""
 
 from __future__ import annotations
 
 import os
 import time
 import zlib
+
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 
 if TYPE_CHECKING:
