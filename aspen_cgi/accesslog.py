@@ -27,15 +27,15 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     ms = (time.monotonic() - started) * 1000
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
-    for key in ("version", "cache", "depth1", "queued_ms", "plan", "why", "unproved", "plan_us", "checked", "check_us",
-                "visits", "extents", "span", "commands", "objects", "push", "replayed", "ended"):
+    for key in ("version", "cache", "depth1", "queued_ms", "plan", "why", "unproved", "plan_us", "checked", "ready_by",
+                "check_us", "visits", "extents", "span", "commands", "objects", "push", "replayed", "ended"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
 
 
 PLAN_KEYS = ("protocol", "cache", "depth1", "plan", "why", "unproved", "versions_visited", "segments_visited", "lookups", "extents",
-             "span", "objects", "plan_us", "checked", "check_us")
+             "span", "objects", "plan_us", "checked", "ready_by", "check_us")
 
 
 def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:

@@ -261,12 +261,13 @@ class ConnectivityResult:
     # the other objects the walk listed, each with its path (its name for a tag);
     # None when not asked for or past LISTING_MAX
     objects: Optional[dict[str, str]] = None
+    times: Optional[dict[str, int]] = None      # each listed commit's committer time
 
 
 LISTING_MAX = 100_000     # objects: a larger push's listing is not kept (no adoptable pack is that large)
 
 
-_COMMIT_LINE = re.compile(rb"^[0-9a-f]{40}( [0-9a-f]{40})*$")
+_COMMIT_LINE = re.compile(rb"^[0-9]+ [0-9a-f]{40}( [0-9a-f]{40})*$")
 _OBJECT_LINE = re.compile(rb"^([0-9a-f]{40})(?: (.*))?$", re.S)
 
 
@@ -275,12 +276,12 @@ def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress
     """check_connected(): every new tip's closure is in the repository plus
     quarantine (git 2.39 walks against --all, hidden refs included). With
     WITH_COMMITS the same walk also lists the new commits and their parents
-    (rev-list prints commits before any tree, blob or tag), and the other new
-    objects with their paths."""
+    (rev-list prints commits before any tree, blob or tag) with their
+    committer times, and the other new objects with their paths."""
     if not oids:
         return ConnectivityResult(True, b"", {} if with_commits else None)
     args = ["rev-list", "--objects", "--stdin", "--not", "--all", "--alternate-refs"]
-    args += ["--parents"] if with_commits else ["--quiet"]
+    args += ["--parents", "--timestamp"] if with_commits else ["--quiet"]
     if progress:
         args.append("--progress=Checking connectivity")
     if not with_commits:
@@ -296,13 +297,15 @@ def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress
     except OSError:
         pass
     commits: dict[str, tuple[str, ...]] = {}
+    times: dict[str, int] = {}
     objects: Optional[dict[str, str]] = {}
     in_commits = True
     for line in proc.stdout:
         line = line[:-1] if line.endswith(b"\n") else line
         if in_commits and _COMMIT_LINE.match(line):
             parts = line.decode().split(" ")
-            commits[parts[0]] = tuple(parts[1:])
+            commits[parts[1]] = tuple(parts[2:])
+            times[parts[1]] = int(parts[0])
             continue
         in_commits = False
         if objects is not None:
@@ -316,7 +319,7 @@ def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress
     drain.join()
     if rc != 0:
         return ConnectivityResult(False, bytes(err))
-    return ConnectivityResult(True, bytes(err), commits, objects)
+    return ConnectivityResult(True, bytes(err), commits, objects, times)
 
 
 def fast_forward(commits: Mapping[str, Sequence[str]], old: str, new: str) -> Optional[bool]:

@@ -16,7 +16,9 @@ reaches a commit the client said it has); otherwise it would go on and
 might learn of more that the client has. So there the candidate is sent
 only when stock would be ready too: each want reaches a have or a have's
 parent, walking commits no older than the oldest have, as ok_to_give_up
-walks (the commits read through one `cat-file --batch`).
+walks. The store's recorded parents and committer times answer that
+(store_ready); where it has no record of a commit, git's commits are read
+through one `cat-file --batch` (stock_ready).
 
 Bounded: a candidate of more than MAX_OBJECTS objects, a listing longer
 than that, or a walk over TIMEOUT_S seconds is not checked (git answers)."""
@@ -96,6 +98,45 @@ def may_be_ready(history, wants: Sequence[str], haves: Sequence[str], tags: Mapp
                 nxt += [p for p in parents if p not in seen]
                 seen.update(parents)
             frontier = nxt
+        if not found:
+            return False
+    return True
+
+
+def store_ready(history, wants: Sequence[str], haves: Sequence[str], tags: Mapping[str, str]) -> Optional[bool]:
+    """stock_ready() answered from the ref store's recorded parents and
+    committer times (HISTORY, the planner's), without starting git; None
+    when the walk meets a commit the store has no record of (git is asked).
+    The walk goes frontier by frontier (one store query each) where git's
+    goes depth first: which commits it reaches is the same, and past
+    MAX_WALK both answer not ready."""
+    wants = list(dict.fromkeys(tags.get(w, w) for w in wants))
+    haves = list(dict.fromkeys(haves))
+    facts, times = history.commit_facts(haves + wants), history.commit_times(haves + wants)
+    if not haves or any(c not in facts or c not in times for c in haves + wants):
+        return None
+    they_have = set(haves)
+    for h in haves:
+        they_have.update(facts[h][1])
+    oldest = min(times[h] for h in haves)
+    read = 0
+    for w in wants:
+        frontier, seen, found = [w], {w}, w in they_have
+        while frontier and not found:
+            parents = [p for c in frontier for p in facts[c][1]]
+            if they_have.intersection(parents):
+                found = True
+                break
+            fresh = [p for p in dict.fromkeys(parents) if p not in seen]
+            seen.update(fresh)
+            read += len(fresh)
+            if read > MAX_WALK:
+                return False
+            facts.update(history.commit_facts([p for p in fresh if p not in facts]))
+            times.update(history.commit_times([p for p in fresh if p not in times]))
+            if any(p not in facts or p not in times for p in fresh):
+                return None
+            frontier = [p for p in fresh if times[p] >= oldest]
         if not found:
             return False
     return True

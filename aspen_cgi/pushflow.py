@@ -57,6 +57,7 @@ class Push:
         self.sent = None       # packs.sentpack.SentPack
         self.new_commits: dict[str, tuple[str, ...]] = {}
         self.new_objects: Optional[dict[str, str]] = None     # the connectivity walk's other objects and paths
+        self.new_times: dict[str, int] = {}                     # the new commits' committer times
         self.ff_known: dict[tuple[str, str], bool] = {}
         import uuid  # only pushes pay for it
         self.push_id = uuid.uuid4().hex
@@ -208,7 +209,7 @@ class Push:
             return None
         if os.path.exists(os.path.join(self.gitdir, "objects", "info", "alternates")):
             return None
-        return Listing((states[0].cmd.new,), self.new_commits, self.new_objects)
+        return Listing((states[0].cmd.new,), self.new_commits, self.new_objects, self.new_times)
 
     def _keep_sent(self, header: bytes):
         """The client's pack, kept for its version's build when version packs are on.
@@ -270,6 +271,7 @@ class Push:
         if res.ok:
             self.new_commits = res.commits or {}
             self.new_objects = res.objects
+            self.new_times = res.times or {}
             return
         for s in states:
             if s.cmd.is_delete:

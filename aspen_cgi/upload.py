@@ -491,9 +491,14 @@ def _stock_ends(ctx, req: FetchRequest, history, tags: Mapping[str, str]) -> boo
     commits was sent 10 trunk pushes again, 3.69x stock's bytes)."""
     from . import plancheck
     t0 = time.perf_counter()
-    ready = (plancheck.may_be_ready(history, req.wants, req.haves, tags)
-             and plancheck.stock_ready(ctx.gitdir, ctx.env, req.wants, req.haves, tags))
-    ctx.trace.update(checked="ready" if ready else "not-ready", check_us=round((time.perf_counter() - t0) * 1e6))
+    ready = plancheck.may_be_ready(history, req.wants, req.haves, tags)
+    by = "store"
+    if ready:
+        ready = plancheck.store_ready(history, req.wants, req.haves, tags)
+        if ready is None:
+            ready, by = plancheck.stock_ready(ctx.gitdir, ctx.env, req.wants, req.haves, tags), "git"
+    ctx.trace.update(checked="ready" if ready else "not-ready", ready_by=by,
+                     check_us=round((time.perf_counter() - t0) * 1e6))
     return ready
 
 

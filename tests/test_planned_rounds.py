@@ -282,18 +282,25 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
     from aspen_cgi.refstore.store import RefStore
     store = RefStore.open(str(branchy.repo), dict(os.environ, GIT_DIR=str(branchy.repo)))
     store.sync()
-    seen, pruned = set(), 0
+    seen, pruned, from_store = set(), 0, set()
     for wants, haves in rounds:
         s = branchy.post("stock", _v2_fetch(wants, haves), 2)
         stock_ready = b"ready\n" in s.body
         ours = plancheck.stock_ready(str(branchy.repo), dict(os.environ), wants, haves, {})
         assert ours == stock_ready, (wants, haves, s.body[:200])
         seen.add(ours)
+        # the store's parents and committer times answer as git's commits do, or not at all
+        stored = plancheck.store_ready(StoreHistory(store), wants, haves, {})
+        assert stored is None or stored == stock_ready, (wants, haves, stored)
+        if stored is not None:
+            from_store.add(stored)
         # the store's parents alone never rule out a round stock ends, and rule out some it does not
         may = plancheck.may_be_ready(StoreHistory(store), wants, haves, {})
         assert may or not stock_ready, (wants, haves)
         pruned += not may
     assert seen == {True, False} and pruned >= 2
+    assert from_store == {True, False}
+    assert plancheck.store_ready(StoreHistory(store), [main], ["1" * 40], {}) is None    # no record: git is asked
 
 
 def test_an_open_round_whose_plan_needs_holders_is_planned_only_when_stock_ends_it(tmp_path, server_factory):
@@ -328,7 +335,7 @@ def test_an_open_round_whose_plan_needs_holders_is_planned_only_when_stock_ends_
     open_round, done_round = _v2_fetch([x], [have]), _v2_fetch([x], [have], done=True)
     a, s = r.post("aspen", open_round, 2), r.post("stock", open_round, 2)
     log = _posts(a.stderr.decode(errors="replace"))[-1]
-    assert "plan=fallback why=open-round-holders" in log and "checked=not-ready" in log, log
+    assert "plan=fallback why=open-round-holders" in log and "checked=not-ready ready_by=store" in log, log
     assert a.status == s.status == 200 and a.body == s.body
     a = r.post("aspen", done_round, 2)
     assert "plan=planned" in _posts(a.stderr.decode(errors="replace"))[-1]

@@ -548,6 +548,28 @@ def test_a_schema_3_store_gains_commit_parents_and_builds_record_them(tmp_path):
     assert {v for v, _ in facts.values()} == {(1,)}
 
 
+def test_a_schema_4_store_gains_commit_times_and_a_later_record_fills_them(tmp_path):
+    repo = h.make_history(tmp_path / "repo.git")
+    store = open_store(repo)
+    store.sync()
+    store.build_packs()
+    lines = h.out("rev-list", "--all", "--parents", "--timestamp", cwd=str(repo)).splitlines()
+    times = {line.split()[1]: int(line.split()[0]) for line in lines}
+    assert store.commit_times(list(times)) == times                  # recorded by the build
+    store.conn.execute("ALTER TABLE commit_parents DROP COLUMN ctime")
+    store.conn.execute("PRAGMA user_version = 4")
+    store = in_new_thread(lambda: open_store(repo))
+    assert sql(store, "PRAGMA user_version") == [(db.SCHEMA_VERSION,)]
+    assert store.commit_times(list(times)) == {}                      # older rows: no time, git is asked
+    assert set(store.commit_facts(list(times))) == set(times)         # their parents stay
+    one = next(iter(times))
+    parents = store.commit_facts([one])[one][1]
+    db.write(store.conn, lambda conn: db.insert_parents(conn, {one: parents}, {one: times[one]}))
+    assert store.commit_times(list(times)) == {one: times[one]}
+    db.write(store.conn, lambda conn: db.insert_parents(conn, {one: parents}, {one: 1}))
+    assert store.commit_times([one]) == {one: times[one]}             # the first time recorded stays
+
+
 def test_deleting_the_state_directory_reimports(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)

@@ -184,12 +184,13 @@ def test_a_listing_survives_its_file_and_a_damaged_one_is_none():
     from aspen_cgi.packs.sentpack import Listing
     a, b, c = "a" * 40, "b" * 40, "c" * 40
     odd = b"dir with space/\xff\xfe.bin".decode("utf-8", "surrogateescape")
-    listing = Listing((a,), {a: (b, c), b: ()}, {c: "", "d" * 40: odd})
+    listing = Listing((a,), {a: (b, c), b: ()}, {c: "", "d" * 40: odd}, {a: 1700000001, b: 1700000000})
     data = listing.encode()
     assert Listing.decode(data) == listing
     assert Listing.decode(data[:-1]) is None                        # cut short
     assert Listing.decode(data.replace(b"t aaaa", b"t zzzz")) is None
-    assert Listing.decode(b"aspen-listing 2\n" + data.split(b"\n", 1)[1]) is None
+    assert Listing.decode(data.replace(b"c 1700000001 ", b"c 17x0000001 ")) is None
+    assert Listing.decode(b"aspen-listing 1\n" + data.split(b"\n", 1)[1]) is None   # an older format
 
 
 def test_the_push_walks_listing_is_its_versions_boundary_when_it_ends_at_ref_values(tmp_path):
@@ -215,7 +216,8 @@ def test_the_push_walks_listing_is_its_versions_boundary_when_it_ends_at_ref_val
     walk = intake.connected(str(repo), env, [c4], with_commits=True)
     assert walk.ok and set(walk.commits) == {c3, c4} and walk.objects
     from aspen_cgi.packs.sentpack import Listing
-    listing = Listing((c4,), walk.commits, walk.objects)
+    assert set(walk.times) == {c3, c4}
+    listing = Listing((c4,), walk.commits, walk.objects, walk.times)
     listed = versionpack.boundary_listed(listing, [c4], [c4], {c2})
     assert listed == versionpack.boundary_of(str(repo), env, [c4], [c4], [c2])
     assert sorted(listed.introduced) == sorted([c3, c4]) and listed.commits == (c2,)

@@ -6,8 +6,9 @@ otherwise; never larger than versionpack.ADOPT_MAX (a larger one is dropped
 as soon as it grows past it: its version is built by pack-objects).
 
 Beside it, for a push of one ref, the listing of its connectivity walk
-(sent-<push id>.list): the new commits with their parents and the other new
-objects with their paths, which saves the build its own walks."""
+(sent-<push id>.list): the new commits with their committer times and
+parents, and the other new objects with their paths, which saves the build
+its own walks."""
 
 from __future__ import annotations
 
@@ -19,23 +20,25 @@ from typing import IO, Mapping, Optional
 from .versionpack import ADOPT_MAX
 
 
-LISTING_MAGIC = b"aspen-listing 1\n"
+LISTING_MAGIC = b"aspen-listing 2\n"
 _HEX = re.compile(rb"^[0-9a-f]{40}$")
+_TIME = re.compile(rb"^[0-9]+$")
 
 
 @dataclass(frozen=True)
 class Listing:
-    """`rev-list --objects --parents TIPS --not --all` as a push's connectivity
-    check ran it: the commits it found new, each with its parents, and every
-    other object with its path."""
+    """`rev-list --objects --parents --timestamp TIPS --not --all` as a push's
+    connectivity check ran it: the commits it found new, each with its
+    parents and committer time, and every other object with its path."""
     tips: tuple[str, ...]
     commits: Mapping[str, tuple[str, ...]]
     objects: Mapping[str, str]
+    times: Mapping[str, int]
 
     def encode(self) -> bytes:
         out = [LISTING_MAGIC]
         out += [b"t %s\n" % t.encode() for t in self.tips]
-        out += [b"c %s\n" % " ".join((c,) + ps).encode() for c, ps in self.commits.items()]
+        out += [b"c %d %s\n" % (self.times[c], " ".join((c,) + ps).encode()) for c, ps in self.commits.items()]
         out += [b"o %s %s\n" % (o.encode(), p.encode("utf-8", "surrogateescape")) for o, p in self.objects.items()]
         return b"".join(out)
 
@@ -43,7 +46,7 @@ class Listing:
     def decode(cls, data: bytes) -> Optional["Listing"]:
         if not data.startswith(LISTING_MAGIC) or not data.endswith(b"\n"):
             return None
-        tips, commits, objects = [], {}, {}
+        tips, commits, objects, times = [], {}, {}, {}
         for line in data[len(LISTING_MAGIC):-1].split(b"\n"):
             kind, rest = line[:2], line[2:]
             if kind == b"o ":
@@ -53,13 +56,19 @@ class Listing:
                 objects[oid.decode()] = path.decode("utf-8", "surrogateescape")
                 continue
             ids = rest.split(b" ")
-            if kind not in (b"t ", b"c ") or not all(_HEX.match(i) for i in ids):
+            when = None
+            if kind == b"c ":
+                when, ids = ids[0], ids[1:]
+                if not _TIME.match(when):
+                    return None
+            if kind not in (b"t ", b"c ") or not ids or not all(_HEX.match(i) for i in ids):
                 return None
             if kind == b"t ":
                 tips.append(ids[0].decode())
             else:
                 commits[ids[0].decode()] = tuple(i.decode() for i in ids[1:])
-        return cls(tuple(tips), commits, objects)
+                times[ids[0].decode()] = int(when)
+        return cls(tuple(tips), commits, objects, times)
 
 
 def listing_path(pack: str) -> str:

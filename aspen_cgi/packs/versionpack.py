@@ -96,6 +96,7 @@ class Boundary:
     introduced: tuple[str, ...]    # commits reachable from the tips and from no earlier ref value
     commits: tuple[str, ...]       # B_v: parents of those outside them, and tips that already existed
     parents: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # each introduced commit's parents
+    times: Mapping[str, int] = field(default_factory=dict)                 # and its committer time
 
 
 @dataclass(frozen=True)
@@ -114,18 +115,20 @@ def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled
         return Boundary((), ())
     guard = guard or _Unguarded()
     stdin = "".join(f"{t}\n" for t in peeled) + "".join(f"^{b}\n" for b in before)
-    res = _git(gitdir, env, ["rev-list", "--parents", "--stdin"], search, guard, input=stdin.encode())
+    res = _git(gitdir, env, ["rev-list", "--parents", "--timestamp", "--stdin"], search, guard, input=stdin.encode())
     if not res.ok:
         guard.check()      # git failed because the repository went: say that
         raise BuildError(res.stderr.decode("utf-8", "replace").strip())
     parents: dict[str, list[str]] = {}
+    times: dict[str, int] = {}
     for line in res.stdout.decode().splitlines():
         parts = line.split()
-        if parts:
-            parents[parts[0]] = parts[1:]
+        if len(parts) > 1:
+            parents[parts[1]] = parts[2:]
+            times[parts[1]] = int(parts[0])
     outside = {p for ps in parents.values() for p in ps if p not in parents}
     outside.update(p for p in peeled if p not in parents)
-    return Boundary(tuple(parents), tuple(sorted(outside)), {c: tuple(ps) for c, ps in parents.items()})
+    return Boundary(tuple(parents), tuple(sorted(outside)), {c: tuple(ps) for c, ps in parents.items()}, times)
 
 
 def boundary_listed(listing, tips: Sequence[str], peeled: Sequence[str], before: Collection[str]) -> Optional[Boundary]:
@@ -145,7 +148,8 @@ def boundary_listed(listing, tips: Sequence[str], peeled: Sequence[str], before:
     outside.update(p for p in peeled if p not in commits)
     if not outside <= set(before):
         return None
-    return Boundary(tuple(commits), tuple(sorted(outside)), {c: tuple(ps) for c, ps in commits.items()})
+    return Boundary(tuple(commits), tuple(sorted(outside)), {c: tuple(ps) for c, ps in commits.items()},
+                    dict(listing.times))
 
 
 def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,

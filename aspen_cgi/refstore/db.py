@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 from .. import settings
 from .model import StoredRef, Update, Version
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -128,7 +128,14 @@ def _m4(db) -> None:
     db["commit_parents"].create({"commit_oid": str, "parents": str}, pk="commit_oid", not_null={"parents"})
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4]
+def _m5(db) -> None:
+    """Committer times beside the parents: whether stock would end an open
+    negotiation round is settled from the store (plancheck.store_ready).
+    Rows recorded before have none (git is asked about those)."""
+    db["commit_parents"].add_column("ctime", int)
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5]
 
 
 def _migrate(conn: Conn) -> None:
@@ -382,10 +389,13 @@ def insert_introduced(conn: Conn, version: int, commits: Iterable[str]) -> None:
                      [(version, c) for c in commits])
 
 
-def insert_parents(conn: Conn, parents: Mapping[str, Sequence[str]]) -> None:
-    """COMMIT -> its parents (a commit's parents never change: the first row stays)."""
-    conn.executemany("INSERT OR IGNORE INTO commit_parents(commit_oid, parents) VALUES (?, ?)",
-                     [(c, " ".join(ps)) for c, ps in parents.items()])
+def insert_parents(conn: Conn, parents: Mapping[str, Sequence[str]], times: Mapping[str, int]) -> None:
+    """COMMIT -> its parents and committer time (TIMES: where known). A
+    commit's parents and time never change: the first row stays, given the
+    time it lacked."""
+    conn.executemany("INSERT INTO commit_parents(commit_oid, parents, ctime) VALUES (?, ?, ?)"
+                     " ON CONFLICT(commit_oid) DO UPDATE SET ctime = excluded.ctime WHERE ctime IS NULL",
+                     [(c, " ".join(ps), times.get(c)) for c, ps in parents.items()])
 
 
 def commit_facts(conn: Conn, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -395,6 +405,13 @@ def commit_facts(conn: Conn, commits: Sequence[str]) -> dict[str, tuple[tuple[in
                           " (SELECT version FROM introduced i WHERE i.commit_oid = p.commit_oid ORDER BY version))"
                           " FROM commit_parents p WHERE p.commit_oid IN (%s)", list(dict.fromkeys(commits)))
     return {c: (tuple(int(v) for v in vs.split(",")) if vs else (), tuple(ps.split())) for c, ps, vs in rows}
+
+
+def commit_times(conn: Conn, commits: Sequence[str]) -> dict[str, int]:
+    """commit -> its committer time, for those of COMMITS a build recorded it for."""
+    rows = _rows_in(conn, "SELECT commit_oid, ctime FROM commit_parents WHERE ctime IS NOT NULL AND"
+                          " commit_oid IN (%s)", list(dict.fromkeys(commits)))
+    return {c: t for c, t in rows}
 
 
 def _rows_in(conn: Conn, query: str, keys: Sequence[str]) -> Iterator[tuple]:

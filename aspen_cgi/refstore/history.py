@@ -53,6 +53,7 @@ class _Settled:
         self.tips: dict[str, TipAnswer] = {}
         self.introduced: dict[str, tuple[int, ...]] = {}
         self.facts: dict[str, Optional[tuple[tuple[int, ...], tuple[str, ...]]]] = {}   # None: no record
+        self.times: dict[str, Optional[int]] = {}                                        # None: no record
         self.ancestry: dict[tuple[str, int, int], AncestryAnswer] = {}
         self.lock = threading.Lock()
 
@@ -76,13 +77,14 @@ class _Settled:
             if through == self.through:
                 return
             if self.through < 0 or through < self.through or through - self.through > SETTLED_EVICT_MAX:
-                for table in (self.tips, self.introduced, self.facts, self.ancestry):
+                for table in (self.tips, self.introduced, self.facts, self.times, self.ancestry):
                     table.clear()
             else:
                 for c in store.commits_recorded(self.through + 1, through):
                     self.tips.pop(c, None)
                     self.introduced.pop(c, None)
                     self.facts.pop(c, None)
+                    self.times.pop(c, None)
             self.through = through
 
     def keep(self, table: dict, through: int, key, value) -> None:
@@ -189,6 +191,15 @@ class StoreHistory:
         mine: dict[str, Optional[tuple[tuple[int, ...], tuple[str, ...]]]] = {}
         self._ask(mine, self.settled().facts, commits, read)
         return {c: got for c, got in mine.items() if got is not None}
+
+    def commit_times(self, commits: Sequence[str]) -> dict[str, int]:
+        """commit -> committer time, for those of COMMITS a build recorded it for."""
+        def read(left: Sequence[str]) -> dict[str, Optional[int]]:
+            found = self.store.commit_times(left)
+            return {c: found.get(c) for c in left}
+        mine: dict[str, Optional[int]] = {}
+        self._ask(mine, self.settled().times, commits, read)
+        return {c: t for c, t in mine.items() if t is not None}
 
     def identity(self) -> tuple[str, float]:
         self.settled()

@@ -499,7 +499,7 @@ class RefStore:
             def record(conn: db.Conn, vid=vid, built=built, b=b, how=how) -> None:
                 db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
                 db.insert_introduced(conn, vid, b.introduced)
-                db.insert_parents(conn, b.parents)
+                db.insert_parents(conn, b.parents, b.times)
                 db.record_pack(conn, vid, built.name if built else "", built.objects if built else 0,
                                built.size if built else 0, time.time(), how.window, how.depth,
                                how.compression, b.commits)
@@ -692,6 +692,10 @@ class RefStore:
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """commit -> (versions that introduced it, its parents), for the commits a build recorded."""
         return db.commit_facts(self.conn, commits)
+
+    def commit_times(self, commits: Sequence[str]) -> dict[str, int]:
+        """commit -> its committer time, for the commits a build recorded it for."""
+        return db.commit_times(self.conn, commits)
 
     def latest(self) -> int:
         return db.latest_version(self.conn)
