@@ -120,6 +120,8 @@ def parse_v0(data: bytes) -> FetchRequest:
     packets = parse(data)
     for pkt, _ in packets:
         if pkt is FLUSH_PKT:
+            if not req.wants:
+                return req              # upload-pack ends here: what follows is never read
             break
         if isinstance(pkt, Special):
             raise ProtocolError(f"unexpected {pkt.kind} packet in want list")
@@ -179,10 +181,14 @@ V2_CAPABILITIES = frozenset(("agent", "ls-refs", "fetch", "server-option", "obje
 
 
 def parse_v2(data: bytes) -> V2Request:
-    """One v2 command: `command=X`, capability lines, delim, arguments, flush."""
-    packets: list[Packet] = [p for p, _ in parse(data)]
-    if not packets or packets[0] is FLUSH_PKT:
+    """One v2 command: `command=X`, capability lines, delim, arguments, flush.
+    None for a request that is no command: empty, or a flush first (serve's
+    loop ends there; what follows is never read)."""
+    parsed = parse(data)
+    first = next(parsed, None)
+    if first is None or first[0] is FLUSH_PKT:
         return None
+    packets: list[Packet] = [first[0]] + [p for p, _ in parsed]
     command = None
     caps: list[str] = []
     i = 0
