@@ -123,7 +123,8 @@ class Push:
         req = push.read_commands(reader)
         if not req.commands:
             return
-        neg = push.negotiate(req, self.policy.advertise_atomic, self.policy.advertise_push_options)
+        neg = push.negotiate(req, self.policy.advertise_atomic, self.policy.advertise_push_options,
+                             self.policy.object_format)
         if neg.push_options:
             req = replace(req, push_options=push.read_push_options(reader))
         self.neg = neg
@@ -164,14 +165,16 @@ class Push:
             yield pktline.FLUSH
 
     def _background_work(self) -> None:
-        """After a push landed: its version pack (when built) and its pre-warm."""
+        """After a push landed: its version pack (when built) and its pre-warm.
+        Neither for a SHA-256 repository: stored packs are SHA-1's (git answers)."""
         from .cache import prewarm
         from .packs import background
         store = self.ctx.refstore()
-        if store is not None and background.enabled(self.ctx.env):
+        if store is None or self.policy.object_format != "sha1":
+            return
+        if background.enabled(self.ctx.env):
             background.kick(self.gitdir, store.packs_dir, self.ctx.env)
-        if store is not None:
-            prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
+        prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
 
     # -- pack intake ------------------------------------------------------------
 
@@ -217,7 +220,8 @@ class Push:
         from .packs import background
         from .packs.sentpack import SentPack
         from .refstore.store import packs_dir_of, sent_pack_path
-        packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.env) else None
+        packs = (packs_dir_of(self.gitdir, self.ctx.env)
+                 if background.enabled(self.ctx.env) and self.policy.object_format == "sha1" else None)
         if packs is None:
             return None
         return SentPack.start(packs, sent_pack_path(packs, self.push_id), header)

@@ -72,6 +72,7 @@ class PushPolicy:
     update_server_info: bool = False
     auto_gc: bool = True
     keepalive: int = 5
+    object_format: str = "sha1"
 
     @classmethod
     def from_config(cls, config) -> "PushPolicy":
@@ -97,6 +98,7 @@ class PushPolicy:
             max_input_size=config.int("receive.maxinputsize", 0),
             advertise_atomic=_bool(config, "receive.advertiseatomic", True),
             advertise_push_options=_bool(config, "receive.advertisepushoptions", False),
+            object_format=config.object_format,
             update_server_info=_bool(config, "receive.updateserverinfo", False),
             auto_gc=_bool(config, "receive.autogc", True),
             keepalive=config.int("receive.keepalive", 5),

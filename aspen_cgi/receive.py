@@ -20,6 +20,7 @@ def _caps(ctx) -> adv.ReceiveCaps:
         ofs_delta=c.bool("repack.usedeltabaseoffset", True),
         push_options=c.bool("receive.advertisepushoptions", False),
         agent=AGENT,
+        object_format=c.object_format,
     )
 
 

@@ -52,7 +52,7 @@ def read_head_file(gitdir: str, prefix: str) -> tuple[Optional[str], Optional[st
         return None, None
     if text.startswith("ref:"):
         return text[4:].strip(), None
-    return None, text if len(text) == 40 else None
+    return None, text if len(text) in (40, 64) else None
 
 
 def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: Optional[str] = None) -> RefSnapshot:

@@ -86,6 +86,11 @@ class RepoConfig:
         """Whether the stack includes other files: their names and times are not among its sources."""
         return any(k.startswith(("include.", "includeif.")) for k, _ in self.entries)
 
+    @property
+    def object_format(self) -> str:
+        """The repository's hash: sha1, or sha256 (`extensions.objectFormat`)."""
+        return "sha256" if (self.get("extensions.objectformat") or "").lower() == "sha256" else "sha1"
+
     def get(self, name: str) -> Optional[str]:
         vals = self.values.get(_key(name))
         if not vals:

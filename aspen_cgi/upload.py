@@ -68,6 +68,7 @@ def _caps(ctx) -> adv.UploadCaps:
         session_id=_session_id() if c.bool("transfer.advertisesid", False) else None,
         unborn=unborn if unborn in ("advertise", "allow", "ignore") else "advertise",
         agent=AGENT,
+        object_format=c.object_format,
     )
 
 
@@ -285,7 +286,7 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     client waits) builds the wide answer at once."""
     from . import packhook
     from .cache import responses
-    depth1 = packhook.wants_wide_pack(req, ctx.env)
+    depth1 = packhook.wants_wide_pack(req, ctx.env) and ctx.config.object_format == "sha1"
     sdir = state_dir(ctx.gitdir, ctx.env)
     if depth1:
         ctx.trace["depth1"] = "stock"
@@ -433,6 +434,8 @@ def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
         return why
     if shallow_roots(ctx.gitdir):
         return "shallow-repository"     # its answers carry shallow lines; stored packs know none
+    if ctx.config.object_format != "sha1":
+        return "sha256"                 # stored packs, their indexes and the splice are SHA-1's
     if ctx.protocol_version != 2:
         return _v0_reason(req)
     if req.want_refs or req.packfile_uris or req.wait_for_done:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
-from ..refs import ZERO_OID, RefSnapshot
+from ..objectid import null_of
+from ..refs import RefSnapshot
 from .pktline import FLUSH, encode
 
 UPLOAD_CAPS = ("multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since "
@@ -127,7 +128,7 @@ def receive_v0(lines: Iterable[tuple[str, str]], caps: ReceiveCaps, shallow: Seq
         else:
             yield encode(data + b"\n")
     if not sent:
-        yield encode(f"{ZERO_OID} capabilities^{{}}".encode() + b"\0" + cap_text.encode() + b"\n")
+        yield encode(f"{null_of(caps.object_format)} capabilities^{{}}".encode() + b"\0" + cap_text.encode() + b"\n")
     for oid in shallow:
         yield encode(f"shallow {oid}\n")
     yield FLUSH

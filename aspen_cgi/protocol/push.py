@@ -5,15 +5,16 @@ storage, no processes."""
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from ..objectid import HEX_LENGTHS, OID_PATTERN, ZERO, is_null, is_oid
 from . import pktline
 from .pktline import FLUSH, ProtocolError, encode
 
-ZERO = "0" * 40
-_HEX = set("0123456789abcdef")
+__all__ = ["ZERO", "Command"]
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,11 @@ class Command:
 
     @property
     def is_delete(self) -> bool:
-        return self.new == ZERO
+        return is_null(self.new)
 
     @property
     def is_create(self) -> bool:
-        return self.old == ZERO
+        return is_null(self.old)
 
     @property
     def utf8_ref(self) -> bool:
@@ -73,10 +74,17 @@ class Negotiated:
     push_options: bool = False
 
 
-def negotiate(req: PushRequest, advertise_atomic: bool, advertise_push_options: bool) -> Negotiated:
+def negotiate(req: PushRequest, advertise_atomic: bool, advertise_push_options: bool,
+              object_format: str = "sha1") -> Negotiated:
+    """The capabilities used; the client's object format must be the repository's
+    (OBJECT_FORMAT), and so must the length of every id its commands carry."""
     fmt = req.value("object-format") or "sha1"
-    if fmt != "sha1":
+    if fmt != object_format:
         raise ProtocolError(f"error: unsupported object format '{fmt}'")
+    size = HEX_LENGTHS[object_format]
+    for c in req.commands:
+        if len(c.old) != size:
+            raise ProtocolError(f"protocol error: expected old/new/ref, got '{c.old} {c.new} {c.ref}'")
     return Negotiated(
         report_status=req.has("report-status"),
         report_status_v2=req.has("report-status-v2"),
@@ -87,16 +95,15 @@ def negotiate(req: PushRequest, advertise_atomic: bool, advertise_push_options: 
     )
 
 
-def _is_oid(s: str) -> bool:
-    return len(s) == 40 and set(s) <= _HEX
+_COMMAND = re.compile(f"({OID_PATTERN}) ({OID_PATTERN}) ", re.S)
 
 
 def parse_command(line: bytes) -> Command:
     text = line.decode("utf-8", "surrogateescape")
-    old, new, ref = text[:40], text[41:81], text[82:]
-    if not (_is_oid(old) and text[40:41] == " " and _is_oid(new) and text[81:82] == " "):
+    m = _COMMAND.match(text)
+    if m is None or len(m.group(1)) != len(m.group(2)):
         raise ProtocolError(f"protocol error: expected old/new/ref, got '{text}'")
-    return Command(old, new, ref)
+    return Command(m.group(1), m.group(2), text[m.end():])
 
 
 def read_commands(reader: pktline.Reader) -> PushRequest:
@@ -112,8 +119,8 @@ def read_commands(reader: pktline.Reader) -> PushRequest:
             break
         line = pktline.strip_lf(pkt)
         if line.startswith(b"shallow ") and len(line) > 8:
-            oid = line[8:48].decode("latin-1")
-            if not _is_oid(oid):
+            oid = line[8:].decode("latin-1")
+            if not is_oid(oid):
                 raise ProtocolError(f"protocol error: expected shallow sha, got '{line[8:].decode('latin-1')}'")
             shallow.append(oid)
             continue

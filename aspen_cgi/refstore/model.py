@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-ZERO = "0" * 40
+from ..objectid import ZERO, is_null  # noqa: F401  (re-exported: the store's null id)
 
 KINDS = ("import", "push", "external")
 
