@@ -15,6 +15,7 @@ from . import autogc, deploy, gitexec, intake
 from . import pushpolicy as pol
 from .hooks import Hooks
 from .protocol import pktline, push
+from .objectid import is_null
 from .protocol.push import ZERO, Command, RefResult
 from .refname import check_refname_format
 from .refs import HiddenRefs, namespace_prefix, object_info
@@ -341,7 +342,7 @@ class Push:
     def _commit(self, upd: list[RefChange]) -> Optional[str]:
         introduced: set[str] = set()
         for c in upd:
-            if c.new != ZERO:
+            if not is_null(c.new):
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
         meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
         fast = in_process_ok(self.ctx.config, self.ctx.repo.bare)
@@ -354,7 +355,7 @@ class Push:
         """(type or "missing", peeled) of OID; the first unknown one fetches all the push's unknowns."""
         if oid not in self.info:
             unknown = sorted({o for s in self.states for o in (s.cmd.new, s.cmd.old)
-                              if o != ZERO and o not in self.info} | {oid})
+                              if not is_null(o) and o not in self.info} | {oid})
             self.info.update(object_info(self.gitdir, self.ctx.env, unknown))
             for o in unknown:
                 self.info.setdefault(o, ("missing", None))
@@ -365,7 +366,7 @@ class Push:
         return None if t == "missing" else t
 
     def _fast_forward(self, old: str, new: str) -> bool:
-        if old == ZERO or new == ZERO:
+        if is_null(old) or is_null(new):
             return False
         known = intake.fast_forward(self.new_commits, old, new)
         if known is not None:
@@ -402,7 +403,7 @@ class Push:
         if not c.is_delete and self._type(c.new) is None:
             self.ctx.log.append(f"error: unpack should have generated {c.new}, but I can't find it!\n")
             return "bad pack"
-        if c.old != ZERO and c.is_delete:
+        if not is_null(c.old) and c.is_delete:
             if self.policy.deny_deletes and name.startswith("refs/heads/"):
                 yield m.error(f"denying ref deletion for {name}")
                 return "deletion prohibited"

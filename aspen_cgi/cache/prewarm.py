@@ -38,11 +38,11 @@ import time
 from typing import Mapping, Optional
 
 from .. import settings
+from ..objectid import ZERO, is_null
 from ..protocol import pktline
 
 DEMAND_FILE = "depth1.asked"
 NOTE_EVERY_S = 60.0
-ZERO = "0" * 40
 
 
 def policy(env: Mapping[str, str]) -> str:
@@ -94,7 +94,7 @@ def requests_for(head_target: Optional[str], updated: dict[str, str], mode: str)
     """The requests to compute for a version that set UPDATED (ref -> new value)."""
     out = []
     for ref, oid in sorted(updated.items()):
-        if not ref.startswith("refs/heads/") or oid == ZERO:
+        if not ref.startswith("refs/heads/") or is_null(oid):
             continue
         if ref == head_target:
             out.append(clone_request([oid, oid]))

@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 from .. import gitexec
 from ..refname import check_refname_format
-from .model import ZERO, RefChange
+from .model import ZERO, RefChange, is_null
 
 _HEX = re.compile(r"^[0-9a-f]{40}$")
 
@@ -178,7 +178,7 @@ class UpdateRef:
         lines = [b"start\n"]
         for c in changes:
             ref = c.ref.encode("utf-8", "surrogateescape")
-            if c.new == ZERO:
+            if is_null(c.new):
                 lines.append(b"delete " + ref + (b" " + c.old.encode() if c.old else b"") + b"\n")
             else:
                 lines.append(b"update " + ref + b" " + c.new.encode() + (b" " + c.old.encode() if c.old else b"") + b"\n")
@@ -260,7 +260,7 @@ class LooseWrite:
             return False
         packed = _packed_cached(self.gitdir)
         for c in changes:
-            if c.new == ZERO or not c.ref.startswith("refs/") or not check_refname_format(c.ref):
+            if is_null(c.new) or not c.ref.startswith("refs/") or not check_refname_format(c.ref):
                 return False
             if c.ref.startswith("refs/heads/") and c.otype != "commit":
                 return False    # git refuses a non-commit on a branch ("trying to write non-commit object")
@@ -276,7 +276,7 @@ class LooseWrite:
             path = self._path(c.ref)
             if os.path.isdir(path) or os.path.islink(path):
                 return False
-            if c.old == ZERO and any(n.startswith(c.ref + "/") for n in packed):
+            if is_null(c.old) and any(n.startswith(c.ref + "/") for n in packed):
                 return False
         return True
 
@@ -293,7 +293,8 @@ class LooseWrite:
                     os.write(fd, (c.new + "\n").encode())
                 finally:
                     os.close(fd)
-                if c.old is not None and self._current(c.ref, path) != c.old:
+                current = self._current(c.ref, path)
+                if c.old is not None and current != c.old and not (is_null(current) and is_null(c.old)):
                     self.close()
                     return False
         except OSError:

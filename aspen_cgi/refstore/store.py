@@ -28,7 +28,7 @@ from .. import settings
 from ..statedir import state_dir
 from . import db, diskrefs, fingerprint, reflocks, segments, views
 from .owners import fault, owner_alive, owner_id
-from .model import (ZERO, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
+from .model import (ZERO, is_null, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
                     Version, VersionMeta, VerifyReport, Visits)
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
@@ -242,7 +242,7 @@ class RefStore:
                 if value == new:
                     continue
                 if value == old:
-                    self._drop_stale_lock(ref, at, new == ZERO)
+                    self._drop_stale_lock(ref, at, is_null(new))
                     forward.append(RefChange(ref, old, new))
                 else:
                     void.append(ref)
@@ -389,10 +389,10 @@ class RefStore:
             if old is None:   # no CAS asked (deleting a corrupt ref): the store's view
                 cur = current.get(c.ref)
                 old = cur.oid if cur is not None and cur.oid else ZERO
-            rows.append((c.ref, old, c.new, c.ff and old != ZERO and c.new != ZERO, c.otype, c.peeled))
+            rows.append((c.ref, old, c.new, c.ff and not is_null(old) and not is_null(c.new), c.otype, c.peeled))
         db.insert_updates(conn, vid, rows)
-        db.insert_tips(conn, vid, [(c.new, c.ref) for c in changes if c.new != ZERO]
-                       + [(c.peeled, c.ref) for c in changes if c.peeled and c.new != ZERO])
+        db.insert_tips(conn, vid, [(c.new, c.ref) for c in changes if not is_null(c.new)]
+                       + [(c.peeled, c.ref) for c in changes if c.peeled and not is_null(c.new)])
         db.insert_introduced(conn, vid, meta.introduced)
         return vid
 
@@ -408,7 +408,7 @@ class RefStore:
                 return
             for ref, old, new, ff, otype, peeled in db.version_updates(conn, vid):
                 latest = db.latest_done_update(conn, ref)
-                if latest is None or latest[0] == ZERO:
+                if latest is None or is_null(latest[0]):
                     db.delete_refs(conn, [ref])
                 else:
                     db.put_refs(conn, [StoredRef(ref, latest[0], None, latest[1], latest[2])], latest[3])
@@ -473,9 +473,9 @@ class RefStore:
             if progress:
                 progress(n, len(todo), vid)
             ups = db.version_updates(self.conn, vid)
-            tips = [new for _, _, new, _, _, _ in ups if new != ZERO]
+            tips = [new for _, _, new, _, _, _ in ups if not is_null(new)]
             peeled = [p if t == "tag" and p else new for _, _, new, _, t, p in ups
-                      if new != ZERO and t in (None, "commit", "tag")]
+                      if not is_null(new) and t in (None, "commit", "tag")]
             if guard is not None:
                 guard.check()
             sent = self._sent_pack(vid)
@@ -506,7 +506,7 @@ class RefStore:
             db.write(self.conn, record)
             out.append((vid, built))
             for ref, _, new, _, _, _ in ups:
-                if new == ZERO:
+                if is_null(new):
                     values.pop(ref, None)
                 else:
                     values[ref] = new
