@@ -61,6 +61,23 @@ def server(root: Path, server_factory) -> Server:
     return server_factory(root)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the logs of the Apache servers it started
+    (a 500 from a CGI program says why only there)."""
+    from . import deploy_apache
+    report = yield
+    if call.when == "setup":
+        item.stash[_APACHE_BEFORE] = len(deploy_apache.STARTED)
+    if report.failed and call.when == "call":
+        for server in deploy_apache.STARTED[item.stash.get(_APACHE_BEFORE, 0):]:
+            report.sections.append((f"apache logs ({server.workdir})", server.log()[-20000:]))
+    return report
+
+
+_APACHE_BEFORE = pytest.StashKey[int]()
+
+
 # -- `aspen verify` after every end-to-end test ---------------------------------------------
 
 UNCHECKED = "aspen_store_unchecked"

@@ -203,6 +203,9 @@ class Apache:
         self.proc.wait()
 
 
+STARTED: list["Apache"] = []      # every Apache a test started: its logs go into the report of a failure
+
+
 def start_apache(workdir: Path, shipped: str, values: dict[str, str], prefix: str, *, wsgi: bool = False,
                  timeout: float = 30.0, extra: tuple[str, ...] = ()) -> Apache:
     """Fill in SHIPPED (a file in apache/) with VALUES, wrap it (with the EXTRA lines of
@@ -229,6 +232,7 @@ def start_apache(workdir: Path, shipped: str, values: dict[str, str], prefix: st
             proc = subprocess.Popen([APACHE, "-f", str(conf), "-DFOREGROUND"], env=env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT, cwd=str(workdir), start_new_session=True)
         server = Apache(proc, port, workdir, prefix)
+        STARTED.append(server)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             if answers(f"http://127.0.0.1:{port}/"):
