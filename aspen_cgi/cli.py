@@ -139,8 +139,6 @@ def _cmd_import(args: argparse.Namespace) -> int:
           f"{time.monotonic() - t0:.1f} s")
     if rep.busy:
         print(f"left to the builder running ({rep.busy})")
-    if rep.skipped == "sha256":
-        print("no packs: a SHA-256 repository's fetches are answered by git (stored packs are SHA-1's)")
     return 0
 
 
@@ -177,7 +175,7 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
         total.segments += rep.segments
         total.pruned += rep.pruned
         if rep.gone or not rep.busy:
-            total.gone, total.skipped = rep.gone, rep.skipped
+            total.gone = rep.gone
             return total
         if not wait:
             total.busy, total.busy_owner = rep.busy, rep.busy_owner

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Generator, Mapping, Optional, Sequence
 
 from . import gitexec
+from .objectid import OID_PATTERN
 from .protocol.push import PackHeader
 from .refstore.owners import owner_alive, owner_id, pid_alive
 
@@ -267,8 +268,8 @@ class ConnectivityResult:
 LISTING_MAX = 100_000     # objects: a larger push's listing is not kept (no adoptable pack is that large)
 
 
-_COMMIT_LINE = re.compile(rb"^[0-9]+ [0-9a-f]{40}( [0-9a-f]{40})*$")
-_OBJECT_LINE = re.compile(rb"^([0-9a-f]{40})(?: (.*))?$", re.S)
+_COMMIT_LINE = re.compile(f"^[0-9]+ {OID_PATTERN}( {OID_PATTERN})*$".encode())
+_OBJECT_LINE = re.compile(f"^({OID_PATTERN})(?: (.*))?$".encode(), re.S)
 
 
 def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False,

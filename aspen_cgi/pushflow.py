@@ -166,16 +166,17 @@ class Push:
             yield pktline.FLUSH
 
     def _background_work(self) -> None:
-        """After a push landed: its version pack (when built) and its pre-warm.
-        Neither for a SHA-256 repository: stored packs are SHA-1's (git answers)."""
+        """After a push landed: its version pack (when built) and its pre-warm
+        (not for a SHA-256 repository: the depth-1 pack's rewrite is SHA-1's)."""
         from .cache import prewarm
         from .packs import background
         store = self.ctx.refstore()
-        if store is None or self.policy.object_format != "sha1":
+        if store is None:
             return
         if background.enabled(self.ctx.env):
             background.kick(self.gitdir, store.packs_dir, self.ctx.env)
-        prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
+        if self.policy.object_format == "sha1":
+            prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
 
     # -- pack intake ------------------------------------------------------------
 
@@ -223,6 +224,7 @@ class Push:
         from .refstore.store import packs_dir_of, sent_pack_path
         packs = (packs_dir_of(self.gitdir, self.ctx.env)
                  if background.enabled(self.ctx.env) and self.policy.object_format == "sha1" else None)
+        # a SHA-256 push's pack is not kept: adopting it indexes it with SHA-1 (thinindex)
         if packs is None:
             return None
         return SentPack.start(packs, sent_pack_path(packs, self.push_id), header)

@@ -29,15 +29,16 @@ BAND_DATA = 65515     # largest side-band-64k payload: 65520 - 4 (length) - 1 (b
 SIDEBAND_DATA = 995   # side-band (not 64k): packets of at most 1000 bytes
 
 
-def prepare(packs_dir: str, plan: Plan, indexes: Optional[Mapping[str, PackIndex]] = None) -> SplicePlan:
+def prepare(packs_dir: str, plan: Plan, indexes: Optional[Mapping[str, PackIndex]] = None,
+            oid_len: int = 20) -> SplicePlan:
     """Open and check the plan's packs, version and segment packs alike (all
     kept in PACKS_DIR), in stream order; INDEXES: those already loaded, by
-    pack name. Raises PackError or OSError (a pack removed since planning)
-    before any byte."""
+    pack name; OID_LEN: the repository's hash (32 for SHA-256). Raises
+    PackError or OSError (a pack removed since planning) before any byte."""
     thin = plan.thin or tuple(v != 1 for v in plan.versions)
     indexes = indexes or {}
-    return plan_splice(Extent(os.path.join(packs_dir, f"pack-{name}.pack"), index=indexes.get(name), thin=t)
-                       for name, t in zip(plan.packs, thin) if name)
+    return plan_splice((Extent(os.path.join(packs_dir, f"pack-{name}.pack"), index=indexes.get(name), thin=t)
+                        for name, t in zip(plan.packs, thin) if name), oid_len)
 
 
 def v2_packfile(splice: SplicePlan, plan: Plan, progress: bool, ready: bool = False) -> Iterator[bytes]:

@@ -434,8 +434,6 @@ def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
         return why
     if shallow_roots(ctx.gitdir):
         return "shallow-repository"     # its answers carry shallow lines; stored packs know none
-    if ctx.config.object_format != "sha1":
-        return "sha256"                 # stored packs, their indexes and the splice are SHA-1's
     if ctx.protocol_version != 2:
         return _v0_reason(req)
     if req.want_refs or req.packfile_uris or req.wait_for_done:
@@ -584,7 +582,8 @@ def _prepare(ctx, store, result, indexes=None):
     from .packs.packfile import PackError
     from . import responder
     try:
-        return responder.prepare(store.packs_dir, result, indexes)
+        return responder.prepare(store.packs_dir, result, indexes,
+                                 32 if ctx.config.object_format == "sha256" else 20)
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored packs unusable ({e}); git answers\n")
         return _fallback(ctx, "pack-error")

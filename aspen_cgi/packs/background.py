@@ -246,7 +246,6 @@ class BuildReport:
     busy: Optional[str] = None                       # the lock another builder held, when we left it to them
     busy_owner: Optional[str] = None                 # that builder ("host:pid:start")
     gone: bool = False                               # the repository went: stopped, nothing left behind
-    skipped: Optional[str] = None                    # why nothing is built: "sha256" (stored packs are SHA-1's)
 
 
 Progress = Callable[[int, int, str], None]
@@ -281,10 +280,6 @@ def build(store, search=None, on_version: Optional[Progress] = None,
     is something to build (ON_WAIT_SLOT(n) when all n are taken). Stops with
     `gone` set when the repository goes (GUARD, taken now if not given)."""
     rep = BuildReport()
-    from ..repoconfig import RepoConfig
-    if RepoConfig.load(store.gitdir, store.env).object_format != "sha1":
-        rep.skipped = "sha256"
-        return rep
     try:
         guard = guard or RepoGuard(store.gitdir, os.path.dirname(store.path))
     except RepositoryGone:

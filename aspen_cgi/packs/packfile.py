@@ -6,7 +6,8 @@ where each stored object's bytes begin and end and what its entry header
 says -- type, size, and for deltas which base -- but it must never touch the
 zlib streams: hot paths copy stored bytes. The `.idx` gives object id <->
 offset; sorting the offsets gives every entry's byte extent
-[offset, next offset), the last one ending at the trailer (len(pack) - 20).
+[offset, next offset), the last one ending at the trailer (len(pack) - the
+hash's length).
 Only the variable-length entry header at each offset is parsed.
 
 Pack entry header (git's `pack-format.txt`):
@@ -17,10 +18,12 @@ Pack entry header (git's `pack-format.txt`):
 - OFS_DELTA (type 6): then the distance back to the base entry, big-endian
   base-128 with git's "+1" bias on every continuation (so each length covers
   a disjoint range and 128 is `80 00`, not `81 00`);
-- REF_DELTA (type 7): then the base's 20-byte object id;
+- REF_DELTA (type 7): then the base's object id (20 bytes, 32 for SHA-256);
 - then the zlib stream, which this module never reads.
 
-SHA-1 repositories only (20-byte ids; a SHA-256 `.idx` is rejected).
+SHA-1 and SHA-256 repositories: an index's hash is the one whose checksum
+its last bytes are (`oid_len` 20 or 32); its pack's ids and trailer are of
+that hash.
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ TYPE_NAMES = {
     OBJ_OFS_DELTA: "ofs-delta", OBJ_REF_DELTA: "ref-delta",
 }
 
-OID_LEN = 20
+OID_LEN = 20                     # SHA-1's; SHA-256 ids and trailers take 32 (HASHES)
 PACK_HEADER_LEN = 12
 TRAILER_LEN = 20
+HASHES = {20: hashlib.sha1, 32: hashlib.sha256}
 PACK_SIGNATURE = b"PACK"
 IDX_SIGNATURE = b"\377tOc"
 
@@ -139,7 +143,7 @@ def decode_ofs_distance(buf: Sequence[int], pos: int) -> tuple[int, int]:
 
 
 def encode_entry_header(type_code: int, size: int, *, ofs_distance: Optional[int] = None,
-                        base_oid: Optional[bytes] = None) -> bytes:
+                        base_oid: Optional[bytes] = None, oid_len: int = OID_LEN) -> bytes:
     """A complete entry header: type/size, then the base reference of a delta."""
     head = encode_type_size(type_code, size)
     if type_code == OBJ_OFS_DELTA:
@@ -147,8 +151,8 @@ def encode_entry_header(type_code: int, size: int, *, ofs_distance: Optional[int
             raise PackError("an OFS_DELTA header needs a distance and no base id")
         return head + encode_ofs_distance(ofs_distance)
     if type_code == OBJ_REF_DELTA:
-        if base_oid is None or len(base_oid) != OID_LEN or ofs_distance is not None:
-            raise PackError("a REF_DELTA header needs a 20-byte base id and no distance")
+        if base_oid is None or len(base_oid) != oid_len or ofs_distance is not None:
+            raise PackError(f"a REF_DELTA header needs a {oid_len}-byte base id and no distance")
         return head + bytes(base_oid)
     if ofs_distance is not None or base_oid is not None:
         raise PackError(f"a {TYPE_NAMES[type_code]} entry has no base")
@@ -167,8 +171,8 @@ class EntryHeader:
     base_oid: Optional[bytes] = None    # REF_DELTA: the base's object id
 
 
-def read_entry_header(buf: Sequence[int], offset: int) -> EntryHeader:
-    """Parse the pack entry header at `offset` of a whole pack `buf`."""
+def read_entry_header(buf: Sequence[int], offset: int, oid_len: int = OID_LEN) -> EntryHeader:
+    """Parse the pack entry header at `offset` of a whole pack `buf` whose ids are OID_LEN bytes."""
     type_code, size, pos = decode_type_size(buf, offset)
     if type_code in (OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG):
         return EntryHeader(type_code, size, pos - offset)
@@ -180,10 +184,10 @@ def read_entry_header(buf: Sequence[int], offset: int) -> EntryHeader:
                             f"(distance {distance})")
         return EntryHeader(type_code, size, pos - offset, base_offset=base)
     if type_code == OBJ_REF_DELTA:
-        base_oid = bytes(buf[pos:pos + OID_LEN])
-        if len(base_oid) != OID_LEN:
+        base_oid = bytes(buf[pos:pos + oid_len])
+        if len(base_oid) != oid_len:
             raise PackError(f"REF_DELTA at offset {offset} runs past the end of the pack")
-        return EntryHeader(type_code, size, pos + OID_LEN - offset, base_oid=base_oid)
+        return EntryHeader(type_code, size, pos + oid_len - offset, base_oid=base_oid)
     raise PackError(f"invalid object type {type_code} at offset {offset}")
 
 
@@ -225,7 +229,10 @@ class PackIndex:
 
     def __init__(self, names: bytes, crcs: Sequence[int], offsets: Sequence[int],
                  pack_checksum: bytes, path: Optional[PathLike] = None):
-        if len(names) % OID_LEN or len(names) // OID_LEN != len(offsets) or len(crcs) != len(offsets):
+        self.oid_len = len(pack_checksum)             # 20: SHA-1, 32: SHA-256
+        if self.oid_len not in HASHES:
+            raise PackError(f"a pack checksum of {self.oid_len} bytes is no known hash's")
+        if len(names) % self.oid_len or len(names) // self.oid_len != len(offsets) or len(crcs) != len(offsets):
             raise PackError("index tables disagree in length")
         self._names = names
         self._crcs = crcs
@@ -246,26 +253,27 @@ class PackIndex:
     def from_bytes(cls, data: bytes, path: Optional[PathLike] = None) -> "PackIndex":
         where = str(path) if path is not None else "pack index"
         fixed = 8 + 256 * 4
-        if len(data) < fixed + 2 * OID_LEN:
+        if len(data) < fixed + 2 * min(HASHES):
             raise PackError(f"{where}: truncated ({len(data)} bytes)")
         if data[:4] != IDX_SIGNATURE:
             raise PackError(f"{where}: not a version 2 pack index (version 1 is not supported)")
         version = int.from_bytes(data[4:8], "big")
         if version != 2:
             raise PackError(f"{where}: unsupported index version {version}")
-        if hashlib.sha1(data[:-OID_LEN]).digest() != data[-OID_LEN:]:
+        oid_len = next((n for n, h in HASHES.items() if len(data) >= fixed + 2 * n
+                        and h(data[:-n]).digest() == data[-n:]), None)
+        if oid_len is None:
             raise PackError(f"{where}: index checksum mismatch (corrupt or truncated)")
         fanout = _be_array("I", data[8:fixed])
         if any(fanout[i] > fanout[i + 1] for i in range(255)):
             raise PackError(f"{where}: fan-out table is not monotonic")
         n = fanout[255]
-        names_end = fixed + n * OID_LEN
+        names_end = fixed + n * oid_len
         crc_end = names_end + n * 4
         off_end = crc_end + n * 4
-        large_bytes = len(data) - 2 * OID_LEN - off_end
+        large_bytes = len(data) - 2 * oid_len - off_end
         if large_bytes < 0 or large_bytes % 8:
-            raise PackError(f"{where}: size {len(data)} does not fit {n} objects "
-                            "(truncated, or not a SHA-1 index)")
+            raise PackError(f"{where}: size {len(data)} does not fit {n} objects (truncated)")
         names = data[fixed:names_end]
         crcs = _be_array("I", data[names_end:crc_end])
         small = _be_array("I", data[crc_end:off_end])
@@ -282,7 +290,7 @@ class PackIndex:
                 else:
                     resolved.append(o)
             offsets = resolved
-        checksum = data[len(data) - 2 * OID_LEN:len(data) - OID_LEN]
+        checksum = data[len(data) - 2 * oid_len:len(data) - oid_len]
         return cls(names, crcs, offsets, checksum, path=path)
 
     # -- lookups, in index (object id) order
@@ -296,12 +304,12 @@ class PackIndex:
 
     @cached_property
     def oids(self) -> list[bytes]:
-        """Object ids (20 bytes), sorted; position i matches `offset(i)`."""
-        names = self._names
-        return [names[i:i + OID_LEN] for i in range(0, len(names), OID_LEN)]
+        """Object ids (oid_len bytes), sorted; position i matches `offset(i)`."""
+        names, n = self._names, self.oid_len
+        return [names[i:i + n] for i in range(0, len(names), n)]
 
     def oid(self, i: int) -> bytes:
-        return self._names[i * OID_LEN:(i + 1) * OID_LEN]
+        return self._names[i * self.oid_len:(i + 1) * self.oid_len]
 
     def offset(self, i: int) -> int:
         return self._offsets[i]
@@ -342,10 +350,10 @@ class PackIndex:
 
     def extents(self, pack_size: int) -> list[tuple[int, int, int]]:
         """(position, offset, end) for every entry in pack order; the last
-        entry ends where the trailer starts (pack_size - 20)."""
+        entry ends where the trailer starts (pack_size - oid_len)."""
         order = self.pack_order
         offs = self.sorted_offsets
-        ends = offs[1:] + [pack_size - TRAILER_LEN]
+        ends = offs[1:] + [pack_size - self.oid_len]
         return list(zip(order, offs, ends))
 
 
@@ -378,10 +386,11 @@ class Pack:
         if index is None:
             index = PackIndex.load(self.path.with_suffix(".idx"))
         self.index = index
+        self.trailer_len = index.oid_len
         try:
             with open(self.path, "rb") as f:
                 self.size = os.fstat(f.fileno()).st_size
-                if self.size < PACK_HEADER_LEN + TRAILER_LEN:
+                if self.size < PACK_HEADER_LEN + self.trailer_len:
                     raise PackError(f"{self.path}: truncated pack ({self.size} bytes)")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
@@ -403,18 +412,18 @@ class Pack:
         if count != self.index.count:
             raise PackError(f"{self.path}: header says {count} objects, index has "
                             f"{self.index.count}: the index does not belong to this pack")
-        trailer = m[self.size - TRAILER_LEN:self.size]
+        trailer = m[self.size - self.trailer_len:self.size]
         if trailer != self.index.pack_checksum:
             raise PackError(f"{self.path}: trailer {trailer.hex()} is not the checksum "
                             f"{self.index.pack_checksum.hex()} recorded in the index "
                             "(truncated pack, or an index of another pack)")
         if count:
             offs = self.index.sorted_offsets
-            if offs[0] != PACK_HEADER_LEN or offs[-1] >= self.size - TRAILER_LEN:
+            if offs[0] != PACK_HEADER_LEN or offs[-1] >= self.size - self.trailer_len:
                 raise PackError(f"{self.path}: index offsets fall outside the pack's entries")
             if any(a == b for a, b in zip(offs, offs[1:])):
                 raise PackError(f"{self.path}: index lists two objects at one offset")
-        elif self.size != PACK_HEADER_LEN + TRAILER_LEN:
+        elif self.size != PACK_HEADER_LEN + self.trailer_len:
             raise PackError(f"{self.path}: empty pack with trailing data")
 
     # -- access
@@ -430,13 +439,13 @@ class Pack:
     @property
     def entries_end(self) -> int:
         """Where the trailer starts."""
-        return self.size - TRAILER_LEN
+        return self.size - self.trailer_len
 
     def trailer(self) -> bytes:
-        return self._map[self.size - TRAILER_LEN:self.size]
+        return self._map[self.size - self.trailer_len:self.size]
 
     def header_at(self, offset: int, end: Optional[int] = None) -> EntryHeader:
-        h = read_entry_header(self._map, offset)
+        h = read_entry_header(self._map, offset, self.trailer_len)
         if end is not None and offset + h.length >= end:
             raise PackError(f"{self.path}: entry at offset {offset} has no room for data "
                             f"(header {h.length} bytes, extent {end - offset})")
@@ -467,7 +476,7 @@ class Pack:
     def verify_checksum(self) -> None:
         """Re-hash the pack and compare with its trailer (reads every byte;
         for build-time and `verify`, not for serving)."""
-        h = hashlib.sha1()
+        h = HASHES[self.trailer_len]()
         step = 1 << 20
         end = self.entries_end
         for a in range(0, end, step):

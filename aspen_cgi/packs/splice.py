@@ -41,13 +41,12 @@ dropped tail and the rest is copied verbatim.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, Union
 
-from .packfile import (OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, TRAILER_LEN,
-                       Pack, PackError, PackIndex, PathLike, encode_entry_header)
+from .packfile import (HASHES, OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, Pack, PackError,
+                       PackIndex, PathLike, encode_entry_header)
 
 CHUNK = 65536
 
@@ -61,19 +60,19 @@ def _oid(value: Union[bytes, str]) -> bytes:
             raw = bytes.fromhex(value)
         except ValueError:
             raw = b""
-        if len(raw) != OID_LEN:
+        if len(raw) not in HASHES:
             raise PackError(f"not an object id: {value!r}")
         return raw
-    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) == OID_LEN:
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) in HASHES:
         return bytes(value)
-    raise PackError(f"not a 20-byte object id: {value!r}")
+    raise PackError(f"not a 20- or 32-byte object id: {value!r}")
 
 
 @dataclass(frozen=True)
 class Extent:
     """A stored pack and its index (loaded from `<pack>.idx` when not given),
-    optionally restricted to a subset of its objects (`include`: 20-byte ids
-    or 40-hex strings; every one must be in the pack)."""
+    optionally restricted to a subset of its objects (`include`: ids as bytes
+    or hex strings; every one must be in the pack)."""
     pack: PathLike
     index: Optional[PackIndex] = None
     include: Optional[frozenset[bytes]] = field(default=None)
@@ -98,7 +97,7 @@ class SpliceResult:
     ofs_to_ref: int         # ...of which OFS_DELTA turned REF_DELTA (base dropped)
     verbatim_extents: int   # extents copied without parsing a single entry header
     headers_parsed: int     # entry headers read (only after an extent's first drop)
-    checksum: bytes         # the trailer: SHA-1 of everything before it
+    checksum: bytes         # the trailer: the hash (the packs' own) of everything before it
 
 
 class SplicePlan:
@@ -106,7 +105,9 @@ class SplicePlan:
     the object count and total size are known up front (a Content-Length is
     possible). `chunks()` streams it once; `result` is then available."""
 
-    def __init__(self, extents: Sequence[Extent]):
+    def __init__(self, extents: Sequence[Extent], oid_len: int = OID_LEN):
+        """OID_LEN: the repository's hash (20 SHA-1, 32 SHA-256), the one every extent must have."""
+        self.oid_len = oid_len
         self._packs: list[Pack] = []
         self._pieces: list[_Piece] = []
         self.objects = 0
@@ -123,7 +124,7 @@ class SplicePlan:
         except BaseException:
             self.close()
             raise
-        self.size = PACK_HEADER_LEN + self._body + TRAILER_LEN
+        self.size = PACK_HEADER_LEN + self._body + oid_len
 
     # -- planning
 
@@ -138,6 +139,8 @@ class SplicePlan:
         for n, ext in enumerate(extents):
             pack = ext.open()
             self._packs.append(pack)
+            if pack.trailer_len != self.oid_len:
+                raise PackError(f"{pack.path}: ids of {pack.trailer_len} bytes in a splice of {self.oid_len}")
             oids = pack.index.oids
             if ext.thin and n + 1 < len(extents):
                 own = set(oids)
@@ -213,7 +216,8 @@ class SplicePlan:
                     raise PackError(f"{pack.path}: OFS_DELTA at offset {off} points at offset "
                                     f"{base}, which is not an entry")
                 if base in dropped_at:
-                    header = encode_entry_header(OBJ_REF_DELTA, h.size, base_oid=dropped_at[base])
+                    header = encode_entry_header(OBJ_REF_DELTA, h.size, base_oid=dropped_at[base],
+                                                 oid_len=self.oid_len)
                     self.ofs_to_ref += 1
                 else:
                     base_out = base + shift if base < first_drop_offset else new_pos[base]
@@ -235,7 +239,7 @@ class SplicePlan:
 
     def chunks(self, chunk_size: int = CHUNK) -> Iterator[bytes]:
         """Yield the spliced pack in pieces of about `chunk_size` bytes; the
-        SHA-1 trailer is computed as the bytes go by. Closes the packs at the
+        trailer (SHA-1 or SHA-256) is computed as the bytes go by. Closes the packs at the
         end. One pass only."""
         if self._streamed:
             raise RuntimeError("a SplicePlan streams once")
@@ -243,7 +247,7 @@ class SplicePlan:
         return self._chunks(max(1, chunk_size))
 
     def _chunks(self, chunk_size: int) -> Iterator[bytes]:
-        sha = hashlib.sha1()
+        sha = HASHES[self.oid_len]()
         written = 0
         buf = bytearray(b"PACK" + (2).to_bytes(4, "big") + self.objects.to_bytes(4, "big"))
         maps = [p.data for p in self._packs]
@@ -280,8 +284,8 @@ class SplicePlan:
                     yield out
             sha.update(buf)
             written += len(buf)
-            if written != self.size - TRAILER_LEN:  # pragma: no cover - an internal invariant
-                raise PackError(f"splice wrote {written} bytes, planned {self.size - TRAILER_LEN}")
+            if written != self.size - self.oid_len:  # pragma: no cover - an internal invariant
+                raise PackError(f"splice wrote {written} bytes, planned {self.size - self.oid_len}")
             checksum = sha.digest()
             buf += checksum
             self.result = SpliceResult(self.objects, self.size, self.duplicates, self.excluded,
@@ -304,10 +308,10 @@ class SplicePlan:
         self.close()
 
 
-def plan_splice(extents: Iterable[Extent]) -> SplicePlan:
-    """Open and check every extent and lay out the output; raises PackError
-    before anything is produced."""
-    return SplicePlan(list(extents))
+def plan_splice(extents: Iterable[Extent], oid_len: int = OID_LEN) -> SplicePlan:
+    """Open and check every extent (of the hash OID_LEN names) and lay out the
+    output; raises PackError before anything is produced."""
+    return SplicePlan(list(extents), oid_len)
 
 
 def iter_splice(extents: Iterable[Extent], chunk_size: int = CHUNK) -> Iterator[bytes]:

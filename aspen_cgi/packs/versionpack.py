@@ -101,7 +101,7 @@ class Boundary:
 
 @dataclass(frozen=True)
 class BuiltPack:
-    name: str        # the pack's SHA-1 trailer, hex
+    name: str        # the pack's trailer (SHA-1 or SHA-256), hex
     pack: str
     idx: str
     objects: int
@@ -184,9 +184,10 @@ def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boun
         size = os.path.getsize(thin)
         if smaller_than is not None and size >= smaller_than:
             return None
+        hash_len = oid_len(gitdir, env)
         with open(thin, "rb") as f:
-            f.seek(size - 20)
-            trailer = f.read(20)
+            f.seek(size - hash_len)
+            trailer = f.read(hash_len)
         fixed_pack, fixed_idx = os.path.join(scratch, "fixed.pack"), os.path.join(scratch, "fixed.idx")
         with open(thin, "rb") as src:
             res = _git(gitdir, env, ["index-pack", "--stdin", "--fix-thin", "-o", fixed_idx, fixed_pack],
@@ -194,7 +195,7 @@ def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boun
         if not res.ok:
             guard.check()
             raise BuildError(res.stderr.decode("utf-8", "replace").strip())
-        entries = _own_entries(fixed_idx, size - 20)
+        entries = _own_entries(fixed_idx, size - hash_len)
         return _install(thin, os.path.join(scratch, "own.idx"), entries, trailer, outdir, size, guard)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -411,12 +412,14 @@ class RepoObjects:
 
 
 
+def oid_len(gitdir: str, env: Mapping[str, str]) -> int:
+    """The length in bytes of the repository's object ids: 20 (SHA-1) or 32 (SHA-256)."""
+    from ..repoconfig import RepoConfig
+    return 32 if RepoConfig.load(gitdir, env).object_format == "sha256" else 20
+
+
 def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:
     """(object id, offset, crc32) of the entries before offset END, sorted by id."""
-    from dulwich.object_format import SHA1
-    from dulwich.pack import load_pack_index
-    idx = load_pack_index(idx_path, SHA1)
-    try:
-        return sorted((sha, off, crc) for sha, off, crc in idx.iterentries() if off < end)
-    finally:
-        idx.close()
+    from .packfile import PackIndex
+    idx = PackIndex.load(idx_path)
+    return sorted((idx.oid(i), idx.offset(i), idx.crc32(i)) for i in range(idx.count) if idx.offset(i) < end)
