@@ -38,10 +38,14 @@ def wide_args(env: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
     return (f"--window={window}", "--depth=50", "--no-reuse-delta", "--compression=9")
 
 
-def upload_pack_config(python: str = sys.executable) -> list[str]:
-    """git's global arguments (before `upload-pack`) that install this hook.
-    `-P` keeps the repository directory (the hook's cwd) off sys.path."""
-    return ["-c", f"uploadpack.packObjectsHook={shlex.quote(python)} -P -m aspen_cgi.packhook"]
+def upload_pack_config(python: str = sys.executable, object_format: str = "sha1") -> list[str]:
+    """git's global arguments (before `upload-pack`) that install this hook,
+    for a repository of OBJECT_FORMAT's hash. `-P` keeps the repository
+    directory (the hook's cwd) off sys.path."""
+    hook = f"{shlex.quote(python)} -P -m aspen_cgi.packhook"
+    if object_format == "sha256":
+        hook += " --sha256"
+    return ["-c", f"uploadpack.packObjectsHook={hook}"]
 
 
 def wants_wide_pack(req: FetchRequest, env: Optional[Mapping[str, str]] = None) -> bool:
@@ -65,6 +69,9 @@ def _pack_objects_args(argv: Sequence[str]) -> Optional[list[str]]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    oid_len = 20
+    if argv[:1] == ["--sha256"]:
+        argv, oid_len = argv[1:], 32
     args = _pack_objects_args(argv)
     if args is None:
         print("usage: python -m aspen_cgi.packhook git [options] pack-objects <args>", file=sys.stderr)
@@ -77,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     assert proc.stdout is not None
     out = sys.stdout.buffer
     try:
-        for chunk in rewrite(proc.stdout):
+        for chunk in rewrite(proc.stdout, oid_len=oid_len):
             out.write(chunk)
         out.flush()
     except RecompressError as e:

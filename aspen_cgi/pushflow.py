@@ -166,8 +166,7 @@ class Push:
             yield pktline.FLUSH
 
     def _background_work(self) -> None:
-        """After a push landed: its version pack (when built) and its pre-warm
-        (not for a SHA-256 repository: the depth-1 pack's rewrite is SHA-1's)."""
+        """After a push landed: its version pack (when built) and its pre-warm."""
         from .cache import prewarm
         from .packs import background
         store = self.ctx.refstore()
@@ -175,8 +174,7 @@ class Push:
             return
         if background.enabled(self.ctx.env):
             background.kick(self.gitdir, store.packs_dir, self.ctx.env)
-        if self.policy.object_format == "sha1":
-            prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
+        prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
 
     # -- pack intake ------------------------------------------------------------
 

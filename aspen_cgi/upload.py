@@ -286,7 +286,7 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     client waits) builds the wide answer at once."""
     from . import packhook
     from .cache import responses
-    depth1 = packhook.wants_wide_pack(req, ctx.env) and ctx.config.object_format == "sha1"
+    depth1 = packhook.wants_wide_pack(req, ctx.env)
     sdir = state_dir(ctx.gitdir, ctx.env)
     if depth1:
         ctx.trace["depth1"] = "stock"

@@ -7,7 +7,9 @@ planned answers the clients check."""
 
 from __future__ import annotations
 
+import itertools
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,8 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory)
         h.git("fetch", "-q", "--deepen", "2", cwd=str(shallow))
         assert len(h.out("rev-list", "HEAD", cwd=str(shallow)).split()) == 3
         _fsck(shallow)
+        if name == "aspen":
+            _wide_depth1_clone(url, tmp_path / "wide", server)
         h.git("fsck", "--strict", cwd=str(repo))
         results[name] = [re.sub(r"http://127\.0\.0\.1:\d+/|[0-9a-f]{7,}\.\.+[0-9a-f]{7,}", "X", o) for o in out]
         h.git("reset", "-q", "--hard", "HEAD~1", cwd=str(work))
@@ -124,6 +128,21 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory)
         with Pack(idx.with_suffix(".pack")) as pack:                # trailer = the index's SHA-256 record
             assert pack.index.oid_len == pack.trailer_len == 32
             pack.verify_checksum()
+
+
+def _wide_depth1_clone(url: str, dest: Path, server) -> None:
+    """Depth-1 clones until one is answered with the wide pack built beside the
+    first (its SHA-256 trailer rewritten by packs/recompress); it must check out."""
+    deadline = time.monotonic() + 60
+    for n in itertools.count():
+        clone = dest.with_name(f"{dest.name}-{n}")
+        h.git("clone", "-q", "--depth", "1", url, str(clone))
+        _fsck(clone)
+        lines = re.findall(r"service=upload-pack method=POST .*depth1=\S+", server.log_text())
+        if lines and "depth1=wide" in lines[-1]:
+            return
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.2)
 
 
 def test_a_push_whose_object_format_is_not_the_repositorys_is_refused_as_stock(root):

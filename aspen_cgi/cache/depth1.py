@@ -82,7 +82,9 @@ class Job:
 def wide_answer(job: Job) -> Iterable[bytes]:
     """git's upload-pack with the depth-1 pack hook (packhook), as the request came."""
     from .. import gitexec, packhook
-    return gitexec.git_stream([*packhook.upload_pack_config(), "upload-pack", "--stateless-rpc", "."],
+    from ..repoconfig import RepoConfig
+    hooked = packhook.upload_pack_config(object_format=RepoConfig.load(job.gitdir, job.env).object_format)
+    return gitexec.git_stream([*hooked, "upload-pack", "--stateless-rpc", "."],
                               cwd=job.gitdir, env=dict(job.env), input=job.data)
 
 

@@ -81,8 +81,8 @@ def demanded(sdir: str, env: Mapping[str, str]) -> bool:
 
 
 def clone_request(wants: list[str], include_tag: bool = True) -> bytes:
-    """The v2 fetch git 2.x sends for `clone --depth 1` (no terminal)."""
-    lines = ["command=fetch\n", "object-format=sha1\n"]
+    """The v2 fetch git 2.x sends for `clone --depth 1` (no terminal), in the wants' hash."""
+    lines = ["command=fetch\n", f"object-format={'sha256' if len(wants[0]) == 64 else 'sha1'}\n"]
     args = ["thin-pack\n", "no-progress\n"] + (["include-tag\n"] if include_tag else []) + ["ofs-delta\n",
                                                                                            "deepen 1\n"]
     args += [f"want {w}\n" for w in wants] + ["done\n"]

@@ -7,7 +7,8 @@ libdeflate's level-12 stream when that is smaller (the inflated bytes are
 identical). OFS_DELTA distances are re-encoded for the entries' new
 positions (a base always precedes its delta, so one pass with a map
 old offset -> new offset suffices); REF_DELTA bases are ids and stay as they
-are. The input's trailer is checked and a new SHA-1 trailer is written.
+are. The input's trailer is checked and a new trailer of the same hash
+(SHA-1, or SHA-256) is written.
 
 Memory is bounded by the largest single entry (its compressed and inflated
 bytes) plus one input chunk and an offset map, never by the whole pack. An
@@ -19,14 +20,13 @@ reader of a failed rewrite never sees a pack that checks out.
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from typing import BinaryIO, Iterable, Iterator, Union
 
 import deflate
 
-from .packfile import (OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, PACK_SIGNATURE,
-                       TRAILER_LEN, TYPE_NAMES, PackError, decode_ofs_distance, decode_type_size,
+from .packfile import (HASHES, OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, PACK_SIGNATURE,
+                       TYPE_NAMES, PackError, decode_ofs_distance, decode_type_size,
                        encode_ofs_distance, encode_type_size)
 
 LEVEL = 12                  # libdeflate's strongest level
@@ -57,12 +57,12 @@ def _chunks(src: Source) -> Iterator[bytes]:
 class _Input:
     """The input as a sliding buffer; every consumed byte is hashed."""
 
-    def __init__(self, src: Source):
+    def __init__(self, src: Source, oid_len: int):
         self._it = _chunks(src)
         self.buf = bytearray()
         self.pos = 0
         self.offset = 0         # pack offset of buf[pos]
-        self.sha = hashlib.sha1()
+        self.sha = HASHES[oid_len]()
 
     def more(self) -> bool:
         """Drop consumed bytes and append the next chunk; False at end of input."""
@@ -118,10 +118,11 @@ class _Input:
         return b"".join(compressed), data
 
 
-def rewrite(src: Source, level: int = LEVEL) -> Iterator[bytes]:
+def rewrite(src: Source, level: int = LEVEL, oid_len: int = OID_LEN) -> Iterator[bytes]:
     """The pack read from SRC (a binary file or an iterable of chunks),
-    rewritten as described above, as chunks of about CHUNK bytes."""
-    inp = _Input(src)
+    rewritten as described above, as chunks of about CHUNK bytes. OID_LEN:
+    the hash of its ids and trailer (20 SHA-1, 32 SHA-256)."""
+    inp = _Input(src, oid_len)
     head = inp.take(PACK_HEADER_LEN, "the pack header")
     if head[:4] != PACK_SIGNATURE:
         raise RecompressError("not a pack (bad signature)")
@@ -129,7 +130,7 @@ def rewrite(src: Source, level: int = LEVEL) -> Iterator[bytes]:
     if version not in (2, 3):
         raise RecompressError(f"unsupported pack version {version}")
     count = int.from_bytes(head[8:12], "big")
-    out_sha = hashlib.sha1()
+    out_sha = HASHES[oid_len]()
     out = bytearray(head)
     written = 0                      # output bytes before `out`
     new_offsets: dict[int, int] = {}
@@ -137,7 +138,7 @@ def rewrite(src: Source, level: int = LEVEL) -> Iterator[bytes]:
         offset = inp.offset
         new_offset = written + len(out)
         new_offsets[offset] = new_offset
-        inp.fill(_MAX_HEADER)        # fewer at the end of input: the parsers below report it
+        inp.fill(_MAX_HEADER + oid_len - OID_LEN)   # fewer at the end of input: the parsers below report it
         try:
             type_code, size, p = decode_type_size(inp.buf, inp.pos)
             if type_code not in TYPE_NAMES:
@@ -151,10 +152,10 @@ def rewrite(src: Source, level: int = LEVEL) -> Iterator[bytes]:
                                           f"earlier entry (distance {distance})")
                 header += encode_ofs_distance(new_offset - new_base)
             elif type_code == OBJ_REF_DELTA:
-                if len(inp.buf) - p < OID_LEN:
+                if len(inp.buf) - p < oid_len:
                     raise RecompressError(f"pack truncated in the REF_DELTA at offset {offset}")
-                header += inp.buf[p:p + OID_LEN]
-                p += OID_LEN
+                header += inp.buf[p:p + oid_len]
+                p += oid_len
         except RecompressError:
             raise
         except PackError as e:
@@ -170,7 +171,7 @@ def rewrite(src: Source, level: int = LEVEL) -> Iterator[bytes]:
             yield bytes(out)
             out.clear()
     digest = inp.sha.digest()
-    trailer = inp.take(TRAILER_LEN, "the pack trailer")
+    trailer = inp.take(oid_len, "the pack trailer")
     if trailer != digest:
         raise RecompressError(f"pack trailer {trailer.hex()} is not the checksum of the pack "
                               f"({digest.hex()})")
@@ -181,10 +182,10 @@ def rewrite(src: Source, level: int = LEVEL) -> Iterator[bytes]:
     yield bytes(out)
 
 
-def rewrite_to(src: Source, dst: BinaryIO, level: int = LEVEL) -> int:
+def rewrite_to(src: Source, dst: BinaryIO, level: int = LEVEL, oid_len: int = OID_LEN) -> int:
     """Rewrite the pack from SRC into DST; the number of bytes written."""
     n = 0
-    for chunk in rewrite(src, level):
+    for chunk in rewrite(src, level, oid_len):
         dst.write(chunk)
         n += len(chunk)
     return n
