@@ -220,9 +220,7 @@ class Push:
         from .packs import background
         from .packs.sentpack import SentPack
         from .refstore.store import packs_dir_of, sent_pack_path
-        packs = (packs_dir_of(self.gitdir, self.ctx.env)
-                 if background.enabled(self.ctx.env) and self.policy.object_format == "sha1" else None)
-        # a SHA-256 push's pack is not kept: adopting it indexes it with SHA-1 (thinindex)
+        packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.env) else None
         if packs is None:
             return None
         return SentPack.start(packs, sent_pack_path(packs, self.push_id), header)

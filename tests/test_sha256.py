@@ -122,6 +122,11 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory)
     assert sum("plan=planned" in f for f in plans) >= 3, plans     # clones and fetches from SHA-256 packs
     packs = servers["aspen"][0] / "aspen" / "packs"
     assert [p for p in packs.iterdir() if p.suffix == ".idx"]
+    import sqlite3
+    db = sqlite3.connect(servers["aspen"][0] / "aspen" / "aspen.sqlite3")
+    adopted = db.execute("SELECT count(*) FROM version_packs WHERE name != '' AND window = 0").fetchone()[0]
+    db.close()
+    assert adopted >= 1                                             # a client's SHA-256 pack kept as its version's
     from aspen_cgi.packs.packfile import Pack
     for idx in packs.glob("pack-*.idx"):
         assert len(idx.stem) == len("pack-") + 64                   # named by their SHA-256 trailers

@@ -17,11 +17,12 @@ import re
 from dataclasses import dataclass
 from typing import IO, Mapping, Optional
 
+from ..objectid import OID_PATTERN
 from .versionpack import ADOPT_MAX
 
 
 LISTING_MAGIC = b"aspen-listing 2\n"
-_HEX = re.compile(rb"^[0-9a-f]{40}$")
+_HEX = re.compile(f"^{OID_PATTERN}$".encode())
 _TIME = re.compile(rb"^[0-9]+$")
 
 
@@ -50,8 +51,8 @@ class Listing:
         for line in data[len(LISTING_MAGIC):-1].split(b"\n"):
             kind, rest = line[:2], line[2:]
             if kind == b"o ":
-                oid, path = rest[:40], rest[41:]
-                if not _HEX.match(oid) or rest[40:41] != b" ":
+                oid, space, path = rest.partition(b" ")
+                if not _HEX.match(oid) or not space:
                     return None
                 objects[oid.decode()] = path.decode("utf-8", "surrogateescape")
                 continue

@@ -13,13 +13,12 @@ store). SHA-1 packs only.
 
 from __future__ import annotations
 
-import hashlib
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .packfile import (OBJ_BLOB, OBJ_COMMIT, OBJ_OFS_DELTA, OBJ_TAG, OBJ_TREE, PACK_HEADER_LEN,
-                       PACK_SIGNATURE, TRAILER_LEN, PackError, read_entry_header)
+                       PACK_SIGNATURE, HASHES, PackError, read_entry_header)
 
 _NAMES = {OBJ_COMMIT: b"commit", OBJ_TREE: b"tree", OBJ_BLOB: b"blob", OBJ_TAG: b"tag"}
 
@@ -34,18 +33,19 @@ class ThinIndex:
     known: dict[bytes, tuple[int, bytes]]   # the pack's commits and trees: id -> (type, content)
 
 
-def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
+def index_thin(data: bytes, bases: BaseReader, oid_len: int = 20) -> ThinIndex:
     """The entries of the whole pack DATA and the thin bases its deltas use.
     PackError when DATA is not a well-formed pack whose trailer matches, or
     a thin base cannot be read."""
-    if len(data) < PACK_HEADER_LEN + TRAILER_LEN or data[:4] != PACK_SIGNATURE:
+    hasher = HASHES[oid_len]
+    if len(data) < PACK_HEADER_LEN + oid_len or data[:4] != PACK_SIGNATURE:
         raise PackError("not a pack")
     if int.from_bytes(data[4:8], "big") not in (2, 3):
         raise PackError("unsupported pack version")
-    if hashlib.sha1(data[:-TRAILER_LEN]).digest() != data[-TRAILER_LEN:]:
+    if hasher(data[:-oid_len]).digest() != data[-oid_len:]:
         raise PackError("pack trailer does not match its content")
     count = int.from_bytes(data[8:12], "big")
-    end = len(data) - TRAILER_LEN
+    end = len(data) - oid_len
     view = memoryview(data)
     raw: dict[int, tuple[int, bytes, int, Optional[int], Optional[bytes]]] = {}
     order: list[int] = []
@@ -53,7 +53,7 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
     for _ in range(count):
         if pos >= end:
             raise PackError("pack holds fewer entries than its header says")
-        head = read_entry_header(data, pos)
+        head = read_entry_header(data, pos, oid_len)
         d = zlib.decompressobj()
         body = d.decompress(view[pos + head.length:end])
         if not d.eof or len(body) != head.size:
@@ -74,7 +74,7 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
         while offset not in resolved:
             type_code, body, _, base_offset, base_oid = raw[offset]
             if type_code in _NAMES:
-                resolved[offset] = _object(type_code, body)
+                resolved[offset] = _object(type_code, body, hasher)
                 by_id[resolved[offset][2]] = offset
                 break
             chain.append(offset)
@@ -94,11 +94,11 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
                 base = bases(base_oid)
                 if base is None:
                     raise PackError(f"thin base {base_oid.hex()} is not in the repository")
-                out = _apply(chain, base[0], base[1], resolved, raw, by_id)
+                out = _apply(chain, base[0], base[1], resolved, raw, by_id, hasher)
                 external.setdefault(base_oid, set()).add(resolved[chain[-1]][2])
                 return out
         type_code, content, _ = resolved[offset]
-        return _apply(chain, type_code, content, resolved, raw, by_id)
+        return _apply(chain, type_code, content, resolved, raw, by_id, hasher)
 
     for o in order:
         resolve(o)
@@ -106,17 +106,18 @@ def index_thin(data: bytes, bases: BaseReader) -> ThinIndex:
     return ThinIndex(sorted((resolved[o][2], o, raw[o][2]) for o in order), external, known)
 
 
-def _object(type_code: int, content: bytes) -> tuple[int, bytes, bytes]:
-    oid = hashlib.sha1(b"%s %d\0" % (_NAMES[type_code], len(content)) + content).digest()
+def _object(type_code: int, content: bytes, hasher) -> tuple[int, bytes, bytes]:
+    oid = hasher(b"%s %d\0" % (_NAMES[type_code], len(content)) + content).digest()
     return type_code, content, oid
 
 
-def _apply(chain: list[int], type_code: int, content: bytes, resolved, raw, by_id) -> tuple[int, bytes, bytes]:
+def _apply(chain: list[int], type_code: int, content: bytes, resolved, raw, by_id,
+           hasher) -> tuple[int, bytes, bytes]:
     from dulwich.pack import apply_delta
     out = (type_code, content, b"")
     for offset in reversed(chain):
         delta = raw[offset][1]
         content = b"".join(apply_delta(content, delta))
-        out = resolved[offset] = _object(type_code, content)
+        out = resolved[offset] = _object(type_code, content, hasher)
         by_id[out[2]] = offset
     return out

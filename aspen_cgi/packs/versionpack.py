@@ -258,7 +258,7 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
     if paths is None:
         return None
     try:
-        index = thinindex.index_thin(data, objects.raw)
+        index = thinindex.index_thin(data, objects.raw, objects.oid_len)
     except PackError:
         return None
     entries = index.entries
@@ -275,7 +275,7 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
                 return None
     if not os.path.isdir(outdir):
         guard.mkdir(outdir)
-    trailer = data[-20:]
+    trailer = data[-objects.oid_len:]
     tmp_idx = os.path.join(outdir, f"{SCRATCH_PREFIX}{scratch_owner()}-{trailer.hex()}.idx")    # swept if we die
     try:
         return _install(sent, tmp_idx, entries, trailer, outdir, len(data), guard)
@@ -297,9 +297,11 @@ class RepoObjects:
     KEEP = 16             # repositories whose stores stay open
     PARSED = 4096         # commits and trees kept parsed per repository (the next push's boundary)
 
-    def __init__(self, gitdir: str):
+    def __init__(self, gitdir: str, env: Optional[Mapping[str, str]] = None):
+        from dulwich.object_format import SHA1, SHA256
         from dulwich.object_store import DiskObjectStore
         objects = os.path.join(gitdir, "objects")
+        self.oid_len = oid_len(gitdir, os.environ if env is None else env)
         try:
             stamp = os.stat(os.path.join(objects, "pack")).st_mtime
         except OSError:
@@ -308,7 +310,7 @@ class RepoObjects:
         if known is None or known[0] != stamp:
             while len(RepoObjects._open) >= RepoObjects.KEEP:
                 RepoObjects._open.pop(next(iter(RepoObjects._open)), None)
-            known = RepoObjects._open[objects] = (stamp, DiskObjectStore(objects), {})
+            known = RepoObjects._open[objects] = (stamp, DiskObjectStore(objects, object_format=SHA256 if self.oid_len == 32 else SHA1), {})
         self.store = known[1]
         self.parsed: dict[bytes, object] = known[2]      # hex id -> dulwich Commit or Tree
 
@@ -327,13 +329,16 @@ class RepoObjects:
     def remember(self, known: Mapping[bytes, tuple[int, bytes]]) -> None:
         """Commits and trees just read from a pack (binary id -> (type, content)):
         the next version's boundary is often this one's commit."""
+        from dulwich.errors import ObjectFormatException
+        from dulwich.object_format import SHA1, SHA256
         from dulwich.objects import Commit, Tree
+        fmt = SHA256 if self.oid_len == 32 else SHA1
         for oid, (type_code, content) in known.items():
             cls = Commit if type_code == 1 else Tree if type_code == 2 else None
             if cls is not None:
                 try:
-                    self._keep(oid.hex().encode(), cls.from_raw_string(cls.type_num, content))
-                except (ValueError, KeyError):     # dulwich's parse errors
+                    self._keep(oid.hex().encode(), cls.from_raw_string(cls.type_num, content, object_format=fmt))
+                except (ValueError, KeyError, ObjectFormatException):     # dulwich's parse errors
                     pass
 
     def raw(self, oid: bytes) -> Optional[tuple[int, bytes]]:

@@ -487,7 +487,7 @@ class RefStore:
                 b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(before), search, guard)
             built, how = None, search
             if tips and sent is not None:
-                objects = objects or vp.RepoObjects(self.gitdir)
+                objects = objects or vp.RepoObjects(self.gitdir, self.env)
                 built = vp.adopt(tips, b, sent, self.packs_dir, objects, guard,
                                  listing.objects if listing is not None else None)
                 how = vp.CLIENT_DELTAS if built else search
