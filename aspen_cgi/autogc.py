@@ -27,7 +27,7 @@ def needed(gitdir: str, config: RepoConfig) -> bool:
     try:
         with os.scandir(os.path.join(objects, "17")) as it:
             for e in it:
-                if len(e.name) == 38 and set(e.name) <= _HEX:
+                if len(e.name) in (38, 62) and set(e.name) <= _HEX:
                     loose += 1
                     if loose > limit:
                         return True

@@ -8,6 +8,7 @@ planned answers the clients check."""
 from __future__ import annotations
 
 import itertools
+import sys
 import re
 import time
 from pathlib import Path
@@ -122,6 +123,9 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory)
     assert sum("plan=planned" in f for f in plans) >= 3, plans     # clones and fetches from SHA-256 packs
     packs = servers["aspen"][0] / "aspen" / "packs"
     assert [p for p in packs.iterdir() if p.suffix == ".idx"]
+    import subprocess
+    res = subprocess.run([str(Path(sys.executable).parent / "aspen"), "verify", str(servers["aspen"][0])], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr                # the store's refs are the disk's
     import sqlite3
     db = sqlite3.connect(servers["aspen"][0] / "aspen" / "aspen.sqlite3")
     adopted = db.execute("SELECT count(*) FROM version_packs WHERE name != '' AND window = 0").fetchone()[0]
@@ -161,3 +165,16 @@ def test_a_push_whose_object_format_is_not_the_repositorys_is_refused_as_stock(r
     assert b"unsupported object format 'sha1'" in s.stderr
     assert b"unsupported object format 'sha1'" in a.stderr and b"Traceback" not in a.stderr
     assert a.body == b"" and _refs(repo) == {}
+
+
+def test_the_disk_refs_of_a_sha256_repository_are_read_loose_and_packed(tmp_path):
+    """The store compares its refs with the disk's (refstore/diskrefs.py): 64-digit
+    values, loose and packed, are refs like 40-digit ones."""
+    from aspen_cgi.refstore import diskrefs
+    work = _work(tmp_path / "work")
+    repo = _repo(tmp_path / "r.git")
+    h.git("push", "-q", str(repo), "main", "main~1:refs/heads/old", "main~2:refs/tags/t", cwd=str(work))
+    h.git("pack-refs", "--all", cwd=str(repo))
+    h.git("update-ref", "refs/heads/loose", h.out("rev-parse", "main~3", cwd=str(work)), cwd=str(repo))
+    got = {name: ref.oid for name, ref in diskrefs.read_all(str(repo)).items()}
+    assert got == _refs(repo) and len(got) == 4 and all(len(v) == 64 for v in got.values())

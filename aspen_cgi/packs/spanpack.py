@@ -51,7 +51,7 @@ def recorded(packs_dir: str, k: str) -> Optional[str]:
         return None
     if name == SPLICE:
         return name
-    if len(name) == 40 and all(os.path.exists(os.path.join(packs_dir, f"pack-{name}.{ext}")) for ext in ("pack", "idx")):
+    if len(name) in (40, 64) and all(os.path.exists(os.path.join(packs_dir, f"pack-{name}.{ext}")) for ext in ("pack", "idx")):
         return name
     return None
 

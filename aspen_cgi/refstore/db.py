@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from .. import settings
-from .model import StoredRef, Update, Version
+from .model import ZERO, StoredRef, Update, Version, is_null
 
 SCHEMA_VERSION = 5
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
@@ -373,9 +373,11 @@ def insert_version(conn: Conn, kind: str, who: Optional[str], at: float, push_id
 
 
 def insert_updates(conn: Conn, version: int, rows: Iterable[tuple[str, str, str, bool, Optional[str], Optional[str]]]) -> None:
-    """ROWS: (ref, old, new, ff, type of new, peeled new)."""
+    """ROWS: (ref, old, new, ff, type of new, peeled new). The null id of
+    either hash is kept as ZERO (SHA-1's), the one the queries here test."""
     conn.executemany("INSERT INTO updates(version, ref, old, new, ff, type, peeled) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     [(version, r, o, n, int(f), t, p) for r, o, n, f, t, p in rows])
+                     [(version, r, ZERO if is_null(o) else o, ZERO if is_null(n) else n, int(f), t, p)
+                      for r, o, n, f, t, p in rows])
 
 
 def insert_tips(conn: Conn, version: int, rows: Iterable[tuple[str, str]]) -> None:
@@ -434,14 +436,14 @@ def version_updates(conn: Conn, version: int) -> list[tuple[str, str, str, int, 
 def version_values(conn: Conn, version: int) -> list[str]:
     """The values VERSION wrote (deletions left out)."""
     return [r[0] for r in conn.execute("SELECT DISTINCT new FROM updates WHERE version = ? AND new != ?",
-                                       (version, "0" * 40))]
+                                       (version, ZERO))]
 
 
 def rewritten_since(conn: Conn, version: int) -> bool:
     """Did any update from VERSION on delete a ref or move it other than
     forward (external versions record every change of a value as not
     fast-forward; creations are neither)?"""
-    zero = "0" * 40
+    zero = ZERO
     return conn.execute("SELECT EXISTS (SELECT 1 FROM updates WHERE version >= ? AND old != ?"
                         " AND (new = ? OR ff = 0))", (version, zero, zero)).fetchone()[0] == 1
 
@@ -510,7 +512,7 @@ def value_row_at(conn: Conn, ref: str, version: int) -> tuple[Optional[str], Opt
                        " ORDER BY version DESC LIMIT 1", (ref, version)).fetchone()
     if row is None:
         return None, None
-    return (None if row[0] == "0" * 40 else row[0]), row[1]
+    return (None if row[0] == ZERO else row[0]), row[1]
 
 
 def update_ff(conn: Conn, ref: str, version: int) -> Optional[bool]:
@@ -614,7 +616,7 @@ def refs_before(conn: Conn, version: int) -> dict[str, str]:
     rows = conn.execute("SELECT u.ref, u.new FROM updates u JOIN versions v ON v.id = u.version"
                         " WHERE v.state = 'done' AND u.version < ? ORDER BY u.version", (version,))
     for ref, new in rows:
-        if new == "0" * 40:
+        if new == ZERO:
             out.pop(ref, None)
         else:
             out[ref] = new

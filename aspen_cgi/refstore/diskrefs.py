@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from .. import gitexec
+from ..objectid import OID_PATTERN
 from ..refname import check_refname_format
 from .model import ZERO, RefChange, is_null
 
-_HEX = re.compile(r"^[0-9a-f]{40}$")
+_HEX = re.compile(f"^{OID_PATTERN}$")
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,8 @@ def loose_value(path: str) -> Optional[DiskRef]:
     if text.startswith("ref:"):
         target = text[4:].strip()
         return DiskRef(None, target) if target else None
-    oid = text[:40]
-    if _HEX.match(oid) and (len(text) == 40 or text[40].isspace()):
+    oid = text.split(None, 1)[0] if text.strip() else ""
+    if _HEX.match(oid) and (len(text) == len(oid) or text[len(oid)].isspace()):
         return DiskRef(oid)
     return None
 
