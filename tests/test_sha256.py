@@ -8,12 +8,16 @@ planned answers the clients check."""
 from __future__ import annotations
 
 import itertools
-import sys
 import re
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from aspen_cgi.packs.packfile import Pack
 
 from . import harness as h
 from .cgiserver import cgi_server_factory  # noqa: F401
@@ -69,14 +73,17 @@ def test_adverts_say_sha256_and_an_empty_repository_has_the_64_digit_null_id(roo
 
 
 @pytest.mark.timeout(300)
-def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory):  # noqa: F811
+@pytest.mark.parametrize("packs_setting", ["auto", "off"])
+def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory, packs_setting):  # noqa: F811
+    """With version packs (the default) and without (ASPEN_VERSION_PACKS=off)."""
     work = _work(tmp_path / "work")
     servers = {}
     for name in ("stock", "aspen"):
         root = tmp_path / name
         root.mkdir()
         _repo(root / "r.git")
-        servers[name] = (root / "r.git", cgi_server_factory(root, program=name, ASPEN_ACCESS_LOG="1"))
+        servers[name] = (root / "r.git", cgi_server_factory(root, program=name, ASPEN_ACCESS_LOG="1",
+                                                             ASPEN_VERSION_PACKS=packs_setting))
     results = {}
     for name, (repo, server) in servers.items():
         url = f"{server.url}/r.git"
@@ -111,28 +118,29 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory)
         h.git("fetch", "-q", "--deepen", "2", cwd=str(shallow))
         assert len(h.out("rev-list", "HEAD", cwd=str(shallow)).split()) == 3
         _fsck(shallow)
-        if name == "aspen":
+        if name == "aspen" and packs_setting != "off":
             _wide_depth1_clone(url, tmp_path / "wide", server)
         h.git("fsck", "--strict", cwd=str(repo))
         results[name] = [re.sub(r"http://127\.0\.0\.1:\d+/|[0-9a-f]{7,}\.\.+[0-9a-f]{7,}", "X", o) for o in out]
         h.git("reset", "-q", "--hard", "HEAD~1", cwd=str(work))
     assert results["aspen"] == results["stock"]
-    log = servers["aspen"][1].log_text()
-    fetches = re.findall(r"service=upload-pack method=POST .*", log)
-    plans = [f for f in fetches if "plan=" in f]
-    assert sum("plan=planned" in f for f in plans) >= 3, plans     # clones and fetches from SHA-256 packs
-    packs = servers["aspen"][0] / "aspen" / "packs"
-    assert [p for p in packs.iterdir() if p.suffix == ".idx"]
-    import subprocess
-    res = subprocess.run([str(Path(sys.executable).parent / "aspen"), "verify", str(servers["aspen"][0])], capture_output=True, text=True, timeout=120)
+    repo = servers["aspen"][0]
+    res = subprocess.run([str(Path(sys.executable).parent / "aspen"), "verify", str(repo)],
+                         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr                # the store's refs are the disk's
-    import sqlite3
-    db = sqlite3.connect(servers["aspen"][0] / "aspen" / "aspen.sqlite3")
+    plans = [f for f in re.findall(r"service=upload-pack method=POST .*", servers["aspen"][1].log_text())
+             if "plan=" in f]
+    packs = sorted((repo / "aspen" / "packs").glob("pack-*.idx")) if (repo / "aspen" / "packs").exists() else []
+    if packs_setting == "off":
+        assert plans and all("plan=fallback" in f for f in plans) and not packs, plans
+        return
+    assert sum("plan=planned" in f for f in plans) >= 3, plans     # clones and fetches from SHA-256 packs
+    db = sqlite3.connect(repo / "aspen" / "aspen.sqlite3")
     adopted = db.execute("SELECT count(*) FROM version_packs WHERE name != '' AND window = 0").fetchone()[0]
     db.close()
     assert adopted >= 1                                             # a client's SHA-256 pack kept as its version's
-    from aspen_cgi.packs.packfile import Pack
-    for idx in packs.glob("pack-*.idx"):
+    assert packs
+    for idx in packs:
         assert len(idx.stem) == len("pack-") + 64                   # named by their SHA-256 trailers
         with Pack(idx.with_suffix(".pack")) as pack:                # trailer = the index's SHA-256 record
             assert pack.index.oid_len == pack.trailer_len == 32
