@@ -255,7 +255,7 @@ class Push:
         self.states = states
         # new commits are known to exist and to be commits; anything else is asked of git once
         self.info = {c: ("commit", None) for c in self.new_commits}
-        self.worktrees = pol.checked_out(self.gitdir, self.ctx.repo.bare, self.ctx.config)
+        self.worktrees = pol.checked_out(self.gitdir, pol.is_bare(self.ctx.config), self.ctx.config)
         self.head_name = pol.head_name(self.gitdir)
         if self.neg.atomic:
             yield from self._atomic(states)
@@ -340,7 +340,7 @@ class Push:
             if c.new != ZERO:
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
         meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
-        fast = in_process_ok(self.ctx.config, self.ctx.repo.bare)
+        fast = in_process_ok(self.ctx.config, pol.is_bare(self.ctx.config))
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
         with store_db.patience(store_db.store_wait(self.ctx.env)):
             return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast,
