@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 
 from . import __version__
 
@@ -52,6 +53,30 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
+def _cert_json(cert) -> Optional[dict]:
+    """A version's push certificate for `aspen log --json` (its text as UTF-8, undecodable bytes replaced)."""
+    if cert is None:
+        return None
+    return {"blob": cert.blob, "signer": cert.signer, "key": cert.key, "status": cert.status,
+            "nonce": cert.nonce, "nonce_status": cert.nonce_status, "nonce_slop": cert.nonce_slop,
+            "text": cert.text.decode("utf-8", "replace")}
+
+
+# git's words for each %G? letter (git log's pretty formats)
+SIGNATURE_WORDS = {"G": "good signature", "B": "bad signature", "E": "signature cannot be checked",
+                   "X": "good signature, expired", "Y": "good signature, expired key",
+                   "R": "good signature, revoked key", "N": "no signature checked"}
+
+
+def _cert_line(cert) -> str:
+    """`    signed: good signature by <signer>, key <key>, nonce OK, certificate <blob>`."""
+    what = SIGNATURE_WORDS.get(cert.status, cert.status)
+    by = f" by {cert.signer}" if cert.signer else ""
+    slop = f" ({cert.nonce_slop:+d}s)" if cert.nonce_slop is not None else ""
+    return (f"    signed: {cert.status} {what}{by}, key {cert.key or '-'}, nonce {cert.nonce_status}{slop}, "
+            f"certificate {cert.blob[:12]}\n")
+
+
 def _cmd_log(args: argparse.Namespace) -> int:
     store = _open(args.repo)
     out = sys.stdout
@@ -61,11 +86,14 @@ def _cmd_log(args: argparse.Namespace) -> int:
                 out.write(json.dumps({"id": v.id, "kind": v.kind, "who": v.who, "at": v.at, "push_id": v.push_id,
                                       "state": v.state,
                                       "updates": [{"ref": u.ref, "old": u.old, "new": u.new, "fast_forward": u.ff}
-                                                  for u in v.updates]}) + "\n")
+                                                  for u in v.updates],
+                                      "cert": _cert_json(v.cert)}) + "\n")
                 continue
             who = v.who or "-"
             state = "" if v.state == "done" else f" [{v.state}]"
             out.write(f"version {v.id}  {v.kind}  {who}  {_when(v.at)}{state}\n")
+            if v.cert is not None:
+                out.write(_cert_line(v.cert))
             shown = v.updates if args.all_updates or len(v.updates) <= 20 else v.updates[:20]
             for u in shown:
                 mark = " ff" if u.ff else ""

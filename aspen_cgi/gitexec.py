@@ -47,6 +47,17 @@ def git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = Non
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def program(argv: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+            input: Optional[bytes] = None, timeout: Optional[float] = None) -> Result:
+    """Run another program git itself would run (gpg, gpgsm, ssh-keygen for
+    signature checks) to completion and capture its output; stdin is INPUT,
+    else nothing. Raises OSError when it cannot be started."""
+    proc = subprocess.run(list(argv), cwd=cwd, env=env, input=input,
+                          stdin=subprocess.DEVNULL if input is None else None,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
 def _feed(stdin: IO[bytes], data: bytes | Iterator[bytes]) -> None:
     try:
         if isinstance(data, (bytes, bytearray, memoryview)):

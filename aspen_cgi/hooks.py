@@ -5,7 +5,7 @@ with stdout and stderr merged so their output can be relayed as it comes."""
 from __future__ import annotations
 
 import os
-from typing import Generator, Mapping, Optional, Sequence
+from typing import Callable, Generator, Mapping, Optional, Sequence
 
 from . import gitexec
 
@@ -36,12 +36,16 @@ class Hooks:
         return path
 
     def run(self, name: str, args: Sequence[str], env: Mapping[str, str],
-            input: bytes = b"", idle: float = 0) -> Generator[Optional[bytes], None, int]:
+            input: bytes = b"", idle: float = 0,
+            more_env: Optional[Callable[[], Mapping[str, str]]] = None) -> Generator[Optional[bytes], None, int]:
         """Yield the hook's output as it comes (None after IDLE seconds of
-        silence); return its exit status (0 if the hook is absent)."""
+        silence); return its exit status (0 if the hook is absent).
+        MORE_ENV is asked for more variables only when the hook is there."""
         path = self.find(name)
         if path is None:
             return 0
+        if more_env is not None:
+            env = {**env, **more_env()}
         try:
             proc = gitexec.hook(path, list(args), cwd=self.gitdir, env=env, input=input)
         except OSError as e:

@@ -1,27 +1,32 @@
-"""One push, in stock receive-pack's order: read commands and push options,
-take the pack into a quarantine, check connectivity and hidden refs, run
-pre-receive, migrate, check and update each ref (update hook, CAS through
-update-ref), report, then post-receive, post-update, gc --auto and
-update-server-info. Output is produced as a stream of response chunks."""
+"""One push, in stock receive-pack's order: read commands (a signed push's
+certificate too) and push options, take the pack into a quarantine, check
+connectivity and hidden refs, run pre-receive, migrate, check and update
+each ref (update hook, CAS through update-ref), report, then post-receive,
+post-update, gc --auto and update-server-info. Output is produced as a
+stream of response chunks."""
 
 from __future__ import annotations
 
 import os
 import traceback
 from dataclasses import dataclass, replace
-from typing import Generator, Iterator, Optional
+from typing import TYPE_CHECKING, Generator, Iterator, Optional
 
 from . import autogc, deploy, gitexec, intake
 from . import pushpolicy as pol
 from .hooks import Hooks
 from .protocol import pktline, push
 from .objectid import is_null
+from .protocol.pktline import ProtocolError
 from .protocol.push import ZERO, Command, RefResult
 from .refname import check_refname_format
 from .refs import HiddenRefs, namespace_prefix, object_info
 from .refstore import db as store_db
 from .refstore.owners import fault
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
+
+if TYPE_CHECKING:
+    from .signedpush import Certificate
 
 
 KEEPALIVE = b"0005\x01"   # an empty band-1 packet: "still working"
@@ -60,6 +65,11 @@ class Push:
         self.new_objects: Optional[dict[str, str]] = None     # the connectivity walk's other objects and paths
         self.new_times: dict[str, int] = {}                     # the new commits' committer times
         self.ff_known: dict[tuple[str, str], bool] = {}
+        self.nonce: Optional[str] = None      # issued as receive-pack issues one, as it starts
+        if ctx.config.has("receive.certnonceseed"):
+            from .signedpush import NoncePolicy   # signed pushes' modules only where they are on
+            self.nonce = NoncePolicy.from_config(ctx.config).issue()
+        self.cert: Optional["Certificate"] = None
         import uuid  # only pushes pay for it
         self.push_id = uuid.uuid4().hex
 
@@ -74,6 +84,12 @@ class Push:
                     yield chunk
         except GeneratorExit:
             raise
+        except ProtocolError as e:
+            if not started:
+                raise
+            self.ctx.log.append(f"fatal: {e}\n")     # where git dies (a hand-made certificate): said on band 3
+            if self.msgs.sideband:
+                yield push.band(3, f"fatal: {e}\n".encode("utf-8", "replace"))
         except Exception:
             if not started:
                 raise
@@ -131,12 +147,19 @@ class Push:
         self.neg = neg
         self.msgs.sideband = neg.sideband
         self.ctx.trace["commands"] = len(req.commands)
+        if req.cert is not None:
+            from .signedpush import Certificate, NoncePolicy
+            self.cert = Certificate(req.cert, NoncePolicy.from_config(self.ctx.config), self.nonce, self.ctx.config,
+                                    self.gitdir, self.ctx.env, self.ctx.log)
 
         unpack_error = None
         if not req.delete_only:
             unpack_error = yield from self._unpack()
         fault("after-intake", self.ctx.env)
         states = [CommandState(c) for c in req.commands]
+        if self.cert is not None and not self.cert.options_agree(req.push_options):
+            for s in states:
+                s.error = "inconsistent push options"
         yield from self._execute(states, unpack_error, req.push_options)
         if self.sent is not None and any(s.error is None for s in states):
             self.sent.keep(self._listing(states))
@@ -153,7 +176,8 @@ class Push:
         ok = [s for s in states if s.error is None and not s.did_not_exist]
         if ok:
             env = self._hook_env(req.push_options, quarantine=False)
-            yield from self._relay(self.hooks.run("post-receive", [], env, self._hook_input(ok), self.idle))
+            yield from self._relay(self.hooks.run("post-receive", [], env, self._hook_input(ok), self.idle,
+                                                  self._cert_env))
             yield from self._relay(self.hooks.run("post-update", [s.cmd.ref for s in ok], self.ctx.env, idle=self.idle))
         if self.policy.auto_gc and autogc.needed(self.gitdir, self.ctx.config):
             res = gitexec.git(["gc", "--auto", "--quiet"], cwd=self.gitdir, env=self.ctx.env)
@@ -239,7 +263,8 @@ class Push:
         yield from self._connectivity(states)
         self._reject_hidden(states)
         env = self._hook_env(push_options, quarantine=True)
-        rc = yield from self._relay(self.hooks.run("pre-receive", [], env, self._hook_input(states), self.idle))
+        rc = yield from self._relay(self.hooks.run("pre-receive", [], env, self._hook_input(states), self.idle,
+                                                   self._cert_env))
         if rc != 0:
             for s in states:
                 if s.error is None:
@@ -258,7 +283,7 @@ class Push:
         self.states = states
         # new commits are known to exist and to be commits; anything else is asked of git once
         self.info = {c: ("commit", None) for c in self.new_commits}
-        self.worktrees = pol.checked_out(self.gitdir, self.ctx.repo.bare, self.ctx.config)
+        self.worktrees = pol.checked_out(self.gitdir, pol.is_bare(self.ctx.config), self.ctx.config)
         self.head_name = pol.head_name(self.gitdir)
         if self.neg.atomic:
             yield from self._atomic(states)
@@ -302,6 +327,9 @@ class Push:
         env["GIT_PUSH_OPTION_COUNT"] = str(len(push_options))
         return env
 
+    def _cert_env(self) -> dict[str, str]:
+        return self.cert.hook_env() if self.cert is not None else {}
+
     # -- per-ref updates ----------------------------------------------------------
 
     def _non_atomic(self, states: list[CommandState]) -> Iterator[bytes]:
@@ -342,8 +370,9 @@ class Push:
         for c in upd:
             if not is_null(c.new):
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
-        meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)))
-        fast = in_process_ok(self.ctx.config, self.ctx.repo.bare)
+        meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)),
+                           self.cert.record() if self.cert is not None else None)
+        fast = in_process_ok(self.ctx.config, pol.is_bare(self.ctx.config))
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
         with store_db.patience(store_db.store_wait(self.ctx.env)):
             return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast,

@@ -1,5 +1,6 @@
-"""The receive.* settings a push obeys (receive_pack_config()), and where
-branches are checked out (worktrees), as typed values."""
+"""The receive.* settings a push obeys (receive_pack_config()), whether
+receive-pack sees the repository as bare, and where branches are checked
+out (worktrees), as typed values."""
 
 from __future__ import annotations
 
@@ -111,13 +112,28 @@ class Worktree:
     gitdir: str
 
 
+def is_bare(config) -> bool:
+    """is_bare_repository() in receive-pack, which enters the git directory
+    itself: core.bare says, and a repository that does not say is bare,
+    whatever its directory is called (a copy of a work tree's `.git` named
+    `x.git` keeps `core.bare = false` and is not)."""
+    return _bool(config, "core.bare", True)
+
+
+def main_worktree_path(gitdir: str) -> str:
+    """get_main_worktree(): the git directory's real path less a final `/.git`."""
+    path = os.path.realpath(gitdir)
+    return path[:-len("/.git")] if path.endswith("/.git") else path
+
+
 def checked_out(gitdir: str, bare: bool, config) -> dict[str, Worktree]:
-    """Branch -> non-bare worktree whose HEAD points at it (find_shared_symref)."""
+    """Branch -> non-bare worktree whose HEAD points at it (find_shared_symref);
+    BARE as is_bare() says."""
     out: dict[str, Worktree] = {}
     if not bare:
         wt = config.get("core.worktree")
         path = (wt if os.path.isabs(wt) else os.path.normpath(os.path.join(gitdir, wt))) if wt \
-            else os.path.dirname(os.path.abspath(gitdir))
+            else main_worktree_path(gitdir)
         target = _head_target(gitdir)
         if target:
             out[target] = Worktree(path, gitdir)

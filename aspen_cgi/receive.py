@@ -1,5 +1,6 @@
-"""The receive-pack service: the advertisement, and a push end to end as
-stock receive-pack does it (commands, pack intake into a quarantine,
+"""The receive-pack service: the advertisement (with `push-cert=<nonce>`
+when signed pushes are on), and a push end to end as stock receive-pack
+does it (commands and certificate, pack intake into a quarantine,
 connectivity, receive.* checks, hooks, ref updates, report-status)."""
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from .refs import HiddenRefs, read_refs, shallow_roots
 
 def _caps(ctx) -> adv.ReceiveCaps:
     c = ctx.config
+    nonce = None
+    if c.has("receive.certnonceseed"):
+        from .signedpush import NoncePolicy   # only where signed pushes are on
+        nonce = NoncePolicy.from_config(c).issue()
     return adv.ReceiveCaps(
         atomic=c.bool("receive.advertiseatomic", True),
         ofs_delta=c.bool("repack.usedeltabaseoffset", True),
         push_options=c.bool("receive.advertisepushoptions", False),
+        push_cert_nonce=nonce,
         agent=AGENT,
         object_format=c.object_format,
     )

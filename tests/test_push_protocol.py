@@ -1,5 +1,6 @@
 """Unit tests of the pure push protocol pieces: commands, capabilities, push
-options, pack header, report-status framing, ref name rules and receive.*
+options, push certificates and nonces, gpg's and ssh-keygen's answers as git
+reads them, pack header, report-status framing, ref name rules and receive.*
 settings."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def test_empty_request_and_shallow_lines():
 
 
 @pytest.mark.parametrize("line", [f"{ZERO} {A}", f"{ZERO}{A} refs/heads/x", f"{'g' * 40} {A} refs/heads/x",
-                                  f"{ZERO} {A.upper()} refs/heads/x", "push-cert\0report-status"])
+                                  f"{ZERO} {A.upper()} refs/heads/x"])
 def test_bad_command_lines(line):
     with pytest.raises(pktline.ProtocolError):
         push.read_commands(reader(pkt(line) + b"0000"))
@@ -131,3 +132,107 @@ def test_policy_defaults_and_values():
     p = _policy("transfer.fsckObjects=true receive.fsckObjects=false receive.denyCurrentBranch=false "
                 "receive.denyDeleteCurrent=true receive.unpackLimit=3 transfer.unpackLimit=7")
     assert (p.fsck, p.deny_current_branch, p.deny_delete_current, p.unpack_limit) == (False, IGNORE, REFUSE, 3)
+
+
+# --- push certificates (protocol/pushcert.py) ---------------------------------------------
+
+CERT = (b"certificate version 0.1\npusher P 1 +0000\nnonce 5-abc\npush-option ci.skip\npush-option x y\n\n"
+        + f"{ZERO} {A} refs/heads/new\n{B} {ZERO} refs/heads/old\n".encode()
+        + b"-----BEGIN PGP SIGNATURE-----\n\nsig\n-----END PGP SIGNATURE-----\n")
+
+
+def _cert_body(cert: bytes, end: bytes = b"push-cert-end\n", before: bytes = b"") -> bytes:
+    return (before + pkt(b"push-cert\0report-status side-band-64k")
+            + b"".join(pkt(line) for line in cert.splitlines(keepends=True)) + (pkt(end) if end else b"")
+            + b"0000")
+
+
+def test_certificate_block_and_its_commands():
+    req = push.read_commands(reader(_cert_body(CERT)))
+    assert req.cert == CERT
+    assert req.commands == (Command(ZERO, A, "refs/heads/new"), Command(B, ZERO, "refs/heads/old"))
+    assert req.has("report-status") and req.has("side-band-64k")
+    # unsigned command lines come first; a flush in place of push-cert-end ends both lists
+    unsigned = pkt(f"{A} {B} refs/heads/x\0report-status\n")
+    req = push.read_commands(reader(_cert_body(CERT, end=b"", before=unsigned)))
+    assert [c.ref for c in req.commands] == ["refs/heads/x", "refs/heads/new", "refs/heads/old"]
+    assert push.read_commands(reader(pkt(f"{A} {B} refs/heads/x\n") + b"0000")).cert is None
+    empty = push.read_commands(reader(pkt(b"push-cert\0report-status") + b"0000"))    # as git: nothing to do
+    assert (empty.commands, empty.cert) == ((), None)
+
+
+def test_certificate_errors():
+    with pytest.raises(pktline.ProtocolError, match="malformed push certificate certificate version"):
+        push.read_commands(reader(_cert_body(b"certificate version 0.1\nno blank line\n")))
+    with pytest.raises(pktline.ProtocolError, match="expected old/new/ref, got 'nope\n'"):
+        push.read_commands(reader(_cert_body(b"certificate version 0.1\n\nnope\n")))
+    with pytest.raises(pktline.ProtocolError, match="got an unexpected packet"):
+        push.read_commands(reader(pkt(b"push-cert\0x") + pkt("certificate version 0.1\n") + b"0001"))
+    with pytest.raises(pktline.ProtocolError, match="hung up"):
+        push.read_commands(reader(pkt(b"push-cert\0x") + pkt("certificate version 0.1\n")))
+
+
+def test_certificate_parts():
+    from aspen_cgi.protocol import pushcert
+    start = pushcert.signature_start(CERT)
+    assert CERT[start:].startswith(b"-----BEGIN PGP SIGNATURE-----")
+    assert pushcert.signature_start(b"no signature\n") == len(b"no signature\n")
+    assert pushcert.signature_format(b"-----BEGIN SSH SIGNATURE-----\n") == "ssh"
+    assert pushcert.signature_format(b"-----BEGIN SIGNED MESSAGE-----\n") == "x509"
+    assert pushcert.signature_format(b"") is None
+    assert pushcert.header(CERT, "nonce") == b"5-abc"
+    assert pushcert.headers(CERT, "push-option") == [b"ci.skip", b"x y"]
+    assert pushcert.header(CERT, "push") is None                      # a key is a whole word
+    assert pushcert.options_agree(CERT, ("ci.skip", "x y"))
+    assert not pushcert.options_agree(CERT, ("ci.skip",))
+    assert not pushcert.options_agree(CERT, ("x y", "ci.skip"))
+
+
+def test_nonce_statuses():
+    """check_nonce() over HTTP (stateless): the nonce git's HMAC makes, judged."""
+    import hashlib
+    import hmac
+    from aspen_cgi.protocol import pushcert as pc
+
+    seed = b"seed"
+
+    def made(stamp: int) -> str:       # git keys the HMAC with ".:<stamp>" over the seed
+        return f"{stamp}-" + hmac.new(f".:{stamp}".encode(), seed, hashlib.sha1).hexdigest()
+    assert pc.make_nonce(seed, 1700000000) == made(1700000000)
+    now = made(1700000100)
+
+    def judge(nonce, issued=now, limit=0):
+        payload = b"certificate version 0.1\n" + (b"nonce " + nonce.encode() + b"\n" if nonce else b"") + b"\n"
+        return pc.check_nonce(payload, issued, seed if issued else None, limit)
+    assert judge(now) == pc.NonceCheck("OK", now)
+    assert judge(None) == pc.NonceCheck("MISSING", now)
+    assert judge(now, issued=None) == pc.NonceCheck("UNSOLICITED", None)
+    assert judge(made(1700000090)) == pc.NonceCheck("SLOP", now, 10)
+    assert judge(made(1700000110)) == pc.NonceCheck("SLOP", now, -10)          # issued by a clock ahead
+    assert judge(made(1700000090), limit=10) == pc.NonceCheck("OK", made(1700000090))
+    assert judge(made(1700000090), limit=9) == pc.NonceCheck("SLOP", now, 10)
+    old = made(1700000090)
+    flipped = old[:-1] + ("1" if old[-1] == "0" else "0")
+    for bad in ("0" + old, flipped, old + "0", "x-1", "1700000090", "-5-abc", " 17-x", made(1700000090)[:-1]):
+        assert judge(bad).status == "BAD", bad
+
+
+def test_gpg_status_parsing():
+    from aspen_cgi.signature import parse_gpg_output, parse_ssh_output
+    good = ("[GNUPG:] NEWSIG\n[GNUPG:] KEY_CONSIDERED F00 0\n[GNUPG:] GOODSIG 0123456789ABCDEF A U Thor <a@x>\n"
+            "[GNUPG:] VALIDSIG F1 2024-01-01 1 0 4 0 22 10 01 PRIMARY\n[GNUPG:] TRUST_UNDEFINED 0 pgp\n")
+    c = parse_gpg_output(good)
+    assert (c.result, c.key, c.signer, c.fingerprint, c.primary_key_fingerprint, c.trust_level) == \
+        ("G", "0123456789ABCDEF", "A U Thor <a@x>", "F1", "PRIMARY", "UNDEFINED")
+    e = parse_gpg_output("[GNUPG:] ERRSIG 00AA 22 10 00 1 9\n[GNUPG:] NO_PUBKEY 00AA\n")
+    assert (e.result, e.key, e.signer) == ("E", "00AA", None)
+    assert parse_gpg_output("[GNUPG:] BADSIG 00AA Someone\n").result == "B"
+    twice = "[GNUPG:] GOODSIG 00AA A\n[GNUPG:] GOODSIG 00BB B\n"
+    assert (parse_gpg_output(twice).result, parse_gpg_output(twice).key) == ("E", None)    # two signatures
+    assert parse_gpg_output(good.replace("TRUST_UNDEFINED", "TRUST_WHATEVER")).result == "E"
+    assert parse_gpg_output("gpg: no status lines\n").result == "N"
+    s = parse_ssh_output('Good "git" signature for one@x with ED25519 key SHA256:abc\n')
+    assert (s.result, s.signer, s.key) == ("G", "one@x", "SHA256:abc")
+    s = parse_ssh_output('Good "git" signature with ED25519 key SHA256:abc\n')
+    assert (s.result, s.signer, s.key) == ("G", None, "SHA256:abc")
+    assert parse_ssh_output("Could not verify signature.\n").result == "B"

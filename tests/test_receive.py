@@ -669,9 +669,18 @@ NON_BARE = {
 }
 
 
+# Where the repository's git directory is: in a work tree; a copy of a work
+# tree's `.git` named `checkout.git` (t5545's mk_http_pair: `core.bare` stays
+# false, so receive-pack sees a non-bare repository whose work tree is that
+# directory itself); a work tree whose `.git` does not set `core.bare` (bare
+# to receive-pack).
+LAYOUTS = ("work-tree", "git-dir-copy", "core-bare-unset")
+
+
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", list(NON_BARE))
-def test_non_bare_current_branch_matches_stock(tmp_path, case):
+def test_non_bare_current_branch_matches_stock(tmp_path, case, layout):
     cfg, hooks, dirty = NON_BARE[case]
     src = h.make_history(tmp_path / "src.git")
     work = tmp_path / "work"
@@ -687,19 +696,102 @@ def test_non_bare_current_branch_matches_stock(tmp_path, case):
         root.mkdir()
         nb = root / "checkout"
         h.git("clone", "-q", str(src), str(nb))
-        pk.enable_push(nb / ".git", **{})
+        gitdir = nb / ".git"
+        if layout == "git-dir-copy":
+            gitdir = Path(shutil.copytree(gitdir, root / "checkout.git", symlinks=True))
+            shutil.rmtree(nb)
+            nb = gitdir
+        elif layout == "core-bare-unset":
+            h.git("config", "--unset", "core.bare", cwd=str(nb))
+        pk.enable_push(gitdir)
         for k, v in cfg.items():
-            pk.set_config(nb, k, v)
+            pk.set_config(gitdir, k, v)
         for name, script in hooks.items():
-            pk.write_hook(nb, name, script + "\n", gitdir=nb / ".git")
+            pk.write_hook(gitdir, name, script + "\n", gitdir=gitdir)
         if dirty:
             (nb / dirty).write_text("local edit\n")
         r = pk.post(root, "checkout", body, program=prog)
-        files = sorted(p.name for p in nb.iterdir())
+        files = sorted(p.name for p in nb.iterdir() if p.name != "aspen")
+        status = h.out("status", "--porcelain", cwd=str(nb)) if layout != "git-dir-copy" else None
         seen[prog] = (r.status, pk.report_lines(r.body), pk.messages(r.body).replace(str(root), "<root>"),
-                      h.refs_of(str(nb)), files, h.out("status", "--porcelain", cwd=str(nb)))
-        h.fsck_strict(str(nb))
+                      h.refs_of(str(gitdir)), files, status)
+        h.fsck_strict(str(gitdir))
     assert seen["stock"] == seen["aspen"]
+    refused = seen["stock"][1][1].startswith("ng ")
+    if case == "default":
+        assert refused == (layout != "core-bare-unset")   # a repository receive-pack sees as bare takes it
+
+
+# t5545's hooks: each writes the push options it was given to hooks/<name>.push_options
+# (`echo $value`, which folds runs of blanks), and here also exactly, to hooks/<name>.exact
+T5545_HOOK = """if test -n "$GIT_PUSH_OPTION_COUNT"; then
+	i=0
+	>hooks/@NAME@.push_options
+	>hooks/@NAME@.exact
+	while test "$i" -lt "$GIT_PUSH_OPTION_COUNT"; do
+		eval "value=\\$GIT_PUSH_OPTION_$i"
+		echo $value >>hooks/@NAME@.push_options
+		printf '%s\\n' "$value" >>hooks/@NAME@.exact
+		i=$((i + 1))
+	done
+fi
+"""
+QUOTED_OPTIONS = ('"embedded quotes"', "a'b", "back\\slash", "two  spaces", "ünïcode")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("deny", ["warn", "ignore", "updateInstead"])
+def test_push_options_with_quotes_into_a_non_bare_upstream_as_stock(tmp_path, cgi_server_factory,
+                                                                    server_factory, deny):
+    """t5545's HTTP part: an upstream made non-bare (`git init`, hooks, then
+    its `.git` copied to `upstream.git` under the server's root), served at
+    /upstream; a real client pushes options with quotes, backslashes and
+    spaces. Its hooks see each option exactly as sent, and the client sees
+    what it sees from stock (the warning about the current branch; for
+    updateInstead, the pushed files checked out in the work tree, which is
+    the git directory itself)."""
+    seen = {}
+    for prog in ("stock", "aspen-cgi", "aspen-wsgi"):
+        root = tmp_path / prog / "docroot"
+        root.mkdir(parents=True)
+        up = tmp_path / prog / "upstream"
+        h.git("init", "-q", "-b", "main", str(up))
+        h.git("config", "receive.denyCurrentBranch", deny, cwd=str(up))
+        for name in ("pre-receive", "post-receive"):
+            pk.write_hook(up, name, T5545_HOOK.replace("@NAME@", name), gitdir=up / ".git")
+        h.git("config", "receive.advertisePushOptions", "true", cwd=str(up))
+        h.git("config", "http.receivepack", "true", cwd=str(up))
+        repo = Path(shutil.copytree(up / ".git", root / "upstream.git", symlinks=True))
+        if prog == "stock":
+            srv = cgi_server_factory(root)
+        elif prog == "aspen-cgi":
+            srv = cgi_server_factory(root, program="aspen")
+        else:
+            srv = own_server(server_factory, root)
+        work = tmp_path / prog / "test_http_clone"
+        h.git("clone", "-q", f"{srv.url}/upstream", str(work))
+        (work / "one.t").write_text("one\n")
+        h.git("add", "-A", cwd=str(work))
+        h.git("commit", "-q", "-m", "one", cwd=str(work), env={"GIT_COMMITTER_DATE": "2005-04-07T22:13:13Z",
+                                                             "GIT_AUTHOR_DATE": "2005-04-07T22:13:13Z"})
+        args = [f"--push-option={o}" for o in QUOTED_OPTIONS]
+        p = h.git("push", "--porcelain", *args, "origin", "main", cwd=str(work), check=False)
+        remote = [line.rstrip() for line in p.stderr.decode().splitlines() if line.startswith("remote:")]
+        status = [line for line in p.stdout.decode().splitlines() if "\t" in line]
+        recorded = {f"{name}.{kind}": (repo / "hooks" / f"{name}.{kind}").read_text()
+                    if (repo / "hooks" / f"{name}.{kind}").exists() else None
+                    for name in ("pre-receive", "post-receive") for kind in ("push_options", "exact")}
+        files = sorted(f.name for f in repo.iterdir() if f.name != "aspen")
+        seen[prog] = (p.returncode, remote, status, recorded, h.refs_of(str(repo)), files)
+    assert seen["aspen-cgi"] == seen["stock"]
+    assert seen["aspen-wsgi"] == seen["stock"]
+    rc, remote, status, recorded, refs, files = seen["stock"]
+    assert recorded["pre-receive.exact"] == "".join(o + "\n" for o in QUOTED_OPTIONS)
+    assert recorded["pre-receive.push_options"] == "".join(" ".join(o.split()) + "\n" for o in QUOTED_OPTIONS)
+    assert rc == 0 and status == ["*\trefs/heads/main:refs/heads/main\t[new branch]"]
+    assert recorded["post-receive.exact"] == recorded["pre-receive.exact"]
+    assert ("remote: warning: updating the current branch" in remote) == (deny == "warn")
+    assert ("one.t" in files) == (deny == "updateInstead")     # the work tree updated is the git directory
 
 
 def test_push_from_a_shallow_clone(url, repo, tmp_path):

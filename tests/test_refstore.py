@@ -700,3 +700,27 @@ def test_deleting_the_state_directory_under_a_running_process_reimports(tmp_path
     res = subprocess.run([ASPEN, "log", str(repo), "--json"], capture_output=True, text=True, timeout=60)
     kinds = [json.loads(line)["kind"] for line in res.stdout.splitlines()]
     assert kinds == ["push", "import"]
+
+
+def test_a_schema_5_store_gains_push_certificates(tmp_path):
+    """Migration 6: a table of push certificates beside the versions; a version
+    written with a certificate reads back with it, the others without."""
+    from aspen_cgi.refstore.model import PushCert, RefChange, VersionMeta
+    repo = h.make_history(tmp_path / "repo.git")
+    store = open_store(repo)
+    store.sync()
+    store.conn.execute("DROP TABLE push_certs")
+    store.conn.execute("PRAGMA user_version = 5")
+    store = in_new_thread(lambda: open_store(repo))
+    assert sql(store, "PRAGMA user_version") == [(db.SCHEMA_VERSION,)] and db.SCHEMA_VERSION >= 6
+    assert [(v.kind, v.cert) for v in store.log()] == [("import", None)]
+    main = h.out("rev-parse", "main", cwd=str(repo))
+    topic = h.out("rev-parse", "topic", cwd=str(repo))
+    cert = PushCert("c" * 40, "A U Thor <a@x>", "0123456789ABCDEF", "G", "SLOP", "5-abc", 3, b"certificate\n")
+    assert store.commit([RefChange("refs/heads/signed", ZERO, main, otype="commit")],
+                        VersionMeta("push", "alice", "p1", cert=cert)) is None
+    assert store.commit([RefChange("refs/heads/plain", ZERO, topic, otype="commit")],
+                        VersionMeta("push", "bob", "p2")) is None
+    log = list(store.log())
+    assert [(v.who, v.cert) for v in log] == [("bob", None), ("alice", cert), (None, None)]
+    assert sql(store, "SELECT version, status, cert FROM push_certs") == [(log[1].id, "G", b"certificate\n")]

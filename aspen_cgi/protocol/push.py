@@ -48,6 +48,7 @@ class PushRequest:
     capabilities: tuple[str, ...] = ()
     shallow: tuple[str, ...] = ()
     push_options: tuple[str, ...] = ()
+    cert: Optional[bytes] = None       # the push certificate's text, when the push was signed
 
     def has(self, cap: str) -> bool:
         return cap in self.capabilities
@@ -98,19 +99,23 @@ def negotiate(req: PushRequest, advertise_atomic: bool, advertise_push_options: 
 _COMMAND = re.compile(f"({OID_PATTERN}) ({OID_PATTERN}) ", re.S)
 
 
-def parse_command(line: bytes) -> Command:
+def parse_command(line: bytes, shown: Optional[bytes] = None) -> Command:
+    """One `old new ref` line; SHOWN is what the error names instead of LINE."""
     text = line.decode("utf-8", "surrogateescape")
     m = _COMMAND.match(text)
     if m is None or len(m.group(1)) != len(m.group(2)):
-        raise ProtocolError(f"protocol error: expected old/new/ref, got '{text}'")
+        named = text if shown is None else shown.decode("utf-8", "surrogateescape")
+        raise ProtocolError(f"protocol error: expected old/new/ref, got '{named}'")
     return Command(m.group(1), m.group(2), text[m.end():])
 
 
 def read_commands(reader: pktline.Reader) -> PushRequest:
-    """Command lines up to the flush; push certificates are not supported."""
+    """read_head_info(): command lines up to the flush, and a push
+    certificate's block (whose commands follow the unsigned ones)."""
     commands: list[Command] = []
     caps: tuple[str, ...] = ()
     shallow: list[str] = []
+    cert = bytearray()
     while True:
         pkt = reader.read()
         if pkt is None:   # EOF before the flush, even with no command at all
@@ -128,9 +133,31 @@ def read_commands(reader: pktline.Reader) -> PushRequest:
             line, _, feat = line.partition(b"\0")
             caps = tuple(feat.decode("utf-8", "replace").split())
         if line == b"push-cert":
-            raise ProtocolError("protocol error: push certificates are not supported")
+            if _read_cert(reader, cert):
+                break
+            continue
         commands.append(parse_command(line))
-    return PushRequest(tuple(commands), caps, tuple(shallow))
+    if cert:
+        from .pushcert import command_lines     # hashlib and hmac: only for signed pushes
+        commands += [parse_command(line, rest) for line, rest in command_lines(bytes(cert))]
+    return PushRequest(tuple(commands), caps, tuple(shallow), cert=bytes(cert) or None)
+
+
+def _read_cert(reader: pktline.Reader, cert: bytearray) -> bool:
+    """A certificate's lines (kept whole, newline included) up to
+    `push-cert-end`, appended to CERT; True when a flush ended it instead
+    (which also ends the command list)."""
+    while True:
+        pkt = reader.read()
+        if pkt is None:
+            raise ProtocolError("the remote end hung up unexpectedly")
+        if pkt == pktline.FLUSH_PKT:
+            return True
+        if not isinstance(pkt, bytes):
+            raise ProtocolError("protocol error: got an unexpected packet")
+        if pkt == b"push-cert-end\n":
+            return False
+        cert += pkt.partition(b"\0")[0]     # strbuf_addstr(): a line ends at a NUL
 
 
 def read_push_options(reader: pktline.Reader) -> tuple[str, ...]:

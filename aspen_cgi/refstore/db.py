@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from .. import settings
-from .model import ZERO, StoredRef, Update, Version, is_null
+from .model import ZERO, PushCert, StoredRef, Update, Version, is_null
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -135,7 +135,16 @@ def _m5(db) -> None:
     db["commit_parents"].add_column("ctime", int)
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5]
+def _m6(db) -> None:
+    """Push certificates: a signed push's certificate with its version, and
+    what its hooks were told of it (GIT_PUSH_CERT*)."""
+    db["push_certs"].create({"version": int, "blob": str, "signer": str, "key": str, "status": str,
+                             "nonce": str, "nonce_status": str, "nonce_slop": int, "cert": bytes},
+                            pk="version", not_null={"blob", "signer", "key", "status", "nonce_status", "cert"},
+                            if_not_exists=True)   # tests make "older" stores by dropping only their own table
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 def _migrate(conn: Conn) -> None:
@@ -372,6 +381,19 @@ def insert_version(conn: Conn, kind: str, who: Optional[str], at: float, push_id
     return cur.lastrowid
 
 
+def insert_push_cert(conn: Conn, version: int, cert: PushCert) -> None:
+    conn.execute("INSERT INTO push_certs(version, blob, signer, key, status, nonce, nonce_status, nonce_slop, cert) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (version, cert.blob, cert.signer, cert.key, cert.status, cert.nonce, cert.nonce_status,
+                  cert.nonce_slop, cert.text))
+
+
+def push_cert(conn: Conn, version: int) -> Optional[PushCert]:
+    row = conn.execute("SELECT blob, signer, key, status, nonce_status, nonce, nonce_slop, cert FROM push_certs "
+                       "WHERE version = ?", (version,)).fetchone()
+    return None if row is None else PushCert(*row[:7], bytes(row[7]))
+
+
 def insert_updates(conn: Conn, version: int, rows: Iterable[tuple[str, str, str, bool, Optional[str], Optional[str]]]) -> None:
     """ROWS: (ref, old, new, ff, type of new, peeled new). The null id of
     either hash is kept as ZERO (SHA-1's), the one the queries here test."""
@@ -494,7 +516,7 @@ def versions_desc(conn: Conn, limit: Optional[int], before: Optional[int] = None
     out = []
     for vid, kind, who, at, push_id, state in rows:
         ups = tuple(Update(r, o, n, bool(f)) for r, o, n, f, _, _ in version_updates(conn, vid))
-        out.append(Version(vid, kind, who, at, push_id, state, ups))
+        out.append(Version(vid, kind, who, at, push_id, state, ups, push_cert(conn, vid) if kind == "push" else None))
     return out
 
 

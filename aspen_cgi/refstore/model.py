@@ -23,11 +23,28 @@ class RefChange:
 
 
 @dataclass(frozen=True)
+class PushCert:
+    """A signed push's certificate as its version records it: what its
+    hooks saw as GIT_PUSH_CERT* (the blob id, signer, key, signature status,
+    nonce, nonce status and slop) and the certificate itself, kept here
+    because its blob is unreachable in the repository and gc prunes it."""
+    blob: str
+    signer: str
+    key: str
+    status: str                        # G, B, E, X, Y, R, or N: no signature check answered
+    nonce_status: str                  # OK, SLOP, BAD, MISSING or UNSOLICITED
+    nonce: Optional[str] = None        # the nonce the server issued (or accepted, within the slop)
+    nonce_slop: Optional[int] = None
+    text: bytes = b""
+
+
+@dataclass(frozen=True)
 class VersionMeta:
     kind: str = "push"
     who: Optional[str] = None
     push_id: Optional[str] = None
     introduced: tuple[str, ...] = ()   # commits this version made reachable
+    cert: Optional[PushCert] = None    # the push certificate of a signed push
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,7 @@ class Version:
     push_id: Optional[str]
     state: str
     updates: tuple[Update, ...] = ()
+    cert: Optional[PushCert] = None
 
 
 @dataclass(frozen=True)

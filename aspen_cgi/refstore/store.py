@@ -394,6 +394,8 @@ class RefStore:
         db.insert_tips(conn, vid, [(c.new, c.ref) for c in changes if not is_null(c.new)]
                        + [(c.peeled, c.ref) for c in changes if c.peeled and not is_null(c.new)])
         db.insert_introduced(conn, vid, meta.introduced)
+        if meta.cert is not None:
+            db.insert_push_cert(conn, vid, meta.cert)
         return vid
 
     def _finish(self, vid: int, void: Sequence[str]) -> None:
