@@ -186,3 +186,22 @@ def test_the_disk_refs_of_a_sha256_repository_are_read_loose_and_packed(tmp_path
     h.git("update-ref", "refs/heads/loose", h.out("rev-parse", "main~3", cwd=str(work)), cwd=str(repo))
     got = {name: ref.oid for name, ref in diskrefs.read_all(str(repo)).items()}
     assert got == _refs(repo) and len(got) == 4 and all(len(v) == 64 for v in got.values())
+
+
+def test_push_cert_nonce_of_a_sha256_repository_is_stocks(root):
+    """git hashes the nonce with the repository's hash (HMAC-SHA256 here): the
+    same nonce as stock in the same second, 64 digits after the time."""
+    from .differential import norm_advertisement
+    repo = _repo(root / "r256.git")
+    h.git("config", "receive.certNonceSeed", "sekrit", cwd=str(repo))
+    env = env_for(root, "/r256.git/info/refs", "GET", "service=git-receive-pack", REMOTE_USER="u")
+    for _ in range(20):
+        before, aspen, after = h.stock(env), h.aspen(env), h.stock(env)
+        if before.body == after.body:
+            break
+    else:
+        pytest.fail("the clock kept ticking between requests")
+    assert aspen.status == before.status == 200
+    assert norm_advertisement(aspen.body) == norm_advertisement(before.body)
+    found = re.findall(rb"push-cert=([0-9]+)-([0-9a-f]+)", aspen.body)
+    assert len(found) == 1 and len(found[0][1]) == 64
