@@ -62,16 +62,24 @@ def server(root: Path, server_factory) -> Server:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    from . import deploy_apache
+    item.stash[_APACHE_BEFORE] = len(deploy_apache.STARTED)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed test's report carries the logs of the Apache servers it started
-    (a 500 from a CGI program says why only there)."""
+    """A failed test's report carries the logs of the Apache servers it used:
+    those it started and those still running (a module's), as a 500 or 403
+    from a CGI program says why only there."""
     from . import deploy_apache
     report = yield
-    if call.when == "setup":
-        item.stash[_APACHE_BEFORE] = len(deploy_apache.STARTED)
     if report.failed and call.when == "call":
-        for server in deploy_apache.STARTED[item.stash.get(_APACHE_BEFORE, 0):]:
-            report.sections.append((f"apache logs ({server.workdir})", server.log()[-20000:]))
+        since = item.stash.get(_APACHE_BEFORE, 0)
+        for i, server in enumerate(deploy_apache.STARTED):
+            if i >= since or server.proc.poll() is None:
+                report.sections.append((f"apache logs ({server.workdir})", server.log()[-20000:]))
     return report
 
 
@@ -83,7 +91,34 @@ _APACHE_BEFORE = pytest.StashKey[int]()
 UNCHECKED = "aspen_store_unchecked"
 
 
+TEMP_ROOT = Path("/tmp") / f"aspen-pytest-of-{os.getuid()}"
+TEMP_KEEP = 3                  # runs whose directories stay (the newest), as pytest's own default
+TEMP_STALE_S = 6 * 3600        # and none younger than this is removed: another run may be using it
+
+
+def _own_basetemp(config) -> None:
+    """Each run's temporary directories under TEMP_ROOT (mode 0755), not
+    pytest's /tmp/pytest-of-<user>: Apache runs as www-data and must traverse
+    to the repositories and the installed aspen-cgi, and every pytest run
+    started meanwhile (another suite, a developer's single test) resets
+    pytest's shared root to 0700 (then Apache answered 403 and 500 to a
+    clean-clone run while other tests ran on the machine)."""
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return                  # chosen on the command line, or an xdist worker (its controller chose)
+    import tempfile
+    import time
+    TEMP_ROOT.mkdir(mode=0o755, exist_ok=True)
+    os.chmod(TEMP_ROOT, 0o755)
+    runs = sorted(TEMP_ROOT.glob("run-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in runs[TEMP_KEEP - 1:]:
+        if time.time() - old.stat().st_mtime > TEMP_STALE_S:
+            import shutil
+            shutil.rmtree(old, ignore_errors=True)
+    config.option.basetemp = tempfile.mkdtemp(prefix="run-", dir=TEMP_ROOT)
+
+
 def pytest_configure(config):
+    _own_basetemp(config)
     config.addinivalue_line(
         "markers", f"{UNCHECKED}(reason): this test leaves its repositories' ref stores inconsistent on "
                    "purpose (say why); the check after its gunicorn servers stop is skipped")
