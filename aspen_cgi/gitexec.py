@@ -158,6 +158,14 @@ def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
     threading.Thread(target=_feed, args=(proc.stdin, input), daemon=True).start()
     return proc
 
+
+def hook_conversation(path: str, *, cwd: str, env: Mapping[str, str]) -> subprocess.Popen:
+    """Start a hook that speaks a protocol on its stdin and stdout (proc-receive),
+    its stderr a pipe of its own for the caller to relay."""
+    return subprocess.Popen([path], cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
 def niceness() -> int:
     """The calling thread's niceness (Linux keeps one per thread; children inherit the forking thread's)."""
     try:

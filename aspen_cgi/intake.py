@@ -30,6 +30,7 @@ class IntakeOptions:
     unpack_limit: int = 100
     progress: bool = False         # side-band negotiated and not quiet
     quiet: bool = False
+    shallow_file: Optional[str] = None   # a push from a shallow clone: its shallow commits and ours
 
 
 @dataclass
@@ -156,12 +157,13 @@ def intake_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
     """Stock's unpack(): a push of fewer than receive.unpackLimit objects is
     exploded into loose objects by unpack-objects (so small pushes never pile
     up packs for gc --auto to repack); a larger one is kept as a pack."""
+    shallow = ["--shallow-file", opts.shallow_file] if opts.shallow_file else []
     if header.entries < opts.unpack_limit:
         args = ["unpack-objects", f"--pack_header={header.version},{header.entries}"]
         if opts.quiet:
             args.append("-q")
-        return args + _strict(opts) + _max_input(opts)
-    return index_pack_args(header, opts)
+        return shallow + args + _strict(opts) + _max_input(opts)
+    return shallow + index_pack_args(header, opts)
 
 
 def index_pack_args(header: PackHeader, opts: IntakeOptions) -> list[str]:
@@ -273,15 +275,17 @@ _OBJECT_LINE = re.compile(f"^({OID_PATTERN})(?: (.*))?$".encode(), re.S)
 
 
 def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False,
-              with_commits: bool = False) -> ConnectivityResult:
+              with_commits: bool = False, shallow_file: Optional[str] = None) -> ConnectivityResult:
     """check_connected(): every new tip's closure is in the repository plus
     quarantine (git 2.39 walks against --all, hidden refs included). With
     WITH_COMMITS the same walk also lists the new commits and their parents
     (rev-list prints commits before any tree, blob or tag) with their
-    committer times, and the other new objects with their paths."""
+    committer times, and the other new objects with their paths. With
+    SHALLOW_FILE, git takes its commits as the shallow ones (`--shallow-file`)."""
     if not oids:
         return ConnectivityResult(True, b"", {} if with_commits else None)
-    args = ["rev-list", "--objects", "--stdin", "--not", "--all", "--alternate-refs"]
+    args = ["--shallow-file", shallow_file] if shallow_file is not None else []
+    args += ["rev-list", "--objects", "--stdin", "--not", "--all", "--alternate-refs"]
     args += ["--parents", "--timestamp"] if with_commits else ["--quiet"]
     if progress:
         args.append("--progress=Checking connectivity")

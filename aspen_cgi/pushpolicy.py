@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from .protocol.procreceive import RefPattern, patterns
 from .repoconfig import ConfigError, parse_bool
 
 UNCONFIGURED, IGNORE, WARN, REFUSE, UPDATE_INSTEAD = "unconfigured", "ignore", "warn", "refuse", "updateinstead"
@@ -74,6 +75,9 @@ class PushPolicy:
     auto_gc: bool = True
     keepalive: int = 5
     object_format: str = "sha1"
+    shallow_update: bool = False
+    proc_receive_refs: tuple[RefPattern, ...] = ()
+    refused: Optional[str] = None     # a setting stock will not start with: why (no push is taken)
 
     @classmethod
     def from_config(cls, config) -> "PushPolicy":
@@ -103,6 +107,10 @@ class PushPolicy:
             update_server_info=_bool(config, "receive.updateserverinfo", False),
             auto_gc=_bool(config, "receive.autogc", True),
             keepalive=config.int("receive.keepalive", 5),
+            shallow_update=_bool(config, "receive.shallowupdate", False),
+            proc_receive_refs=patterns(config.get_all("receive.procreceiverefs")),
+            refused=("bad config variable 'receive.procreceiverefs': missing value"
+                     if None in config.get_all("receive.procreceiverefs") else None),
         )
 
 

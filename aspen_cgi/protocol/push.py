@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 from ..objectid import HEX_LENGTHS, OID_PATTERN, ZERO, is_null, is_oid
 from . import pktline
 from .pktline import FLUSH, ProtocolError, encode
+from .procreceive import RefReport
 
 __all__ = ["ZERO", "Command"]
 
@@ -193,14 +194,32 @@ def parse_pack_header(head: bytes) -> PackHeader | str:
 class RefResult:
     ref: str
     error: Optional[str] = None   # None: ok
+    reports: tuple[RefReport, ...] = ()   # what the proc-receive hook said the ref became
 
 
-def report(unpack_error: Optional[str], results: Iterable[RefResult]) -> bytes:
-    """report() / report_v2() without proc-receive: the same lines."""
-    out = [encode(f"unpack {unpack_error or 'ok'}\n".encode("utf-8", "surrogateescape"))]
+def report(unpack_error: Optional[str], results: Iterable[RefResult], v2: bool = False) -> bytes:
+    """report(), or with V2 report_v2(): after an `ok`, each of the
+    proc-receive hook's reports as `option` lines, an `ok` again before
+    every report but the first."""
+    def line(text: str) -> bytes:
+        return encode(text.encode("utf-8", "surrogateescape"))
+    out = [line(f"unpack {unpack_error or 'ok'}\n")]
     for r in results:
-        line = f"ok {r.ref}\n" if r.error is None else f"ng {r.ref} {r.error}\n"
-        out.append(encode(line.encode("utf-8", "surrogateescape")))
+        if r.error is not None:
+            out.append(line(f"ng {r.ref} {r.error}\n"))
+            continue
+        out.append(line(f"ok {r.ref}\n"))
+        for i, rep in enumerate(r.reports if v2 else ()):
+            if i:
+                out.append(line(f"ok {r.ref}\n"))
+            if rep.ref_name is not None:
+                out.append(line(f"option refname {rep.ref_name}\n"))
+            if rep.old_oid is not None:
+                out.append(line(f"option old-oid {rep.old_oid}\n"))
+            if rep.new_oid is not None:
+                out.append(line(f"option new-oid {rep.new_oid}\n"))
+            if rep.forced_update:
+                out.append(line("option forced-update\n"))
     out.append(FLUSH)
     return b"".join(out)
 

@@ -136,12 +136,14 @@ class RefStore:
 
     # -- keeping in step with the disk -------------------------------------------------------
 
-    def sync(self) -> int:
-        """Bring the store up to the refs on disk; the latest version id."""
-        self.version = self._sync()
+    def sync(self, by: Optional[VersionMeta] = None) -> int:
+        """Bring the store up to the refs on disk; the latest version id. BY
+        says whose the changes found are (a push's proc-receive hook wrote
+        them); without it they are an `external` version."""
+        self.version = self._sync(by)
         return self.version
 
-    def _sync(self) -> int:
+    def _sync(self, by: Optional[VersionMeta] = None) -> int:
         reflocks.sweep(os.path.dirname(self.path))
         latest, stored_fp, pending = db.head(self.conn)
         if latest == 0:
@@ -151,7 +153,7 @@ class RefStore:
         fp = fingerprint.take(self.gitdir)
         if fp.trusted and fp.digest == stored_fp:
             return latest
-        return self._sync_disk(fp, stored_fp)
+        return self._sync_disk(fp, stored_fp, by)
 
     def _import(self) -> int:
         def tx(conn: db.Conn) -> int:
@@ -177,7 +179,8 @@ class RefStore:
             names.update(r for r, *_ in db.version_updates(conn, vid))
         return names
 
-    def _sync_disk(self, fp: fingerprint.Fingerprint, stored_fp: Optional[str]) -> int:
+    def _sync_disk(self, fp: fingerprint.Fingerprint, stored_fp: Optional[str],
+                   by: Optional[VersionMeta] = None) -> int:
         disk = diskrefs.read_all(self.gitdir)
         stored = {r.name: r for r in self._stored_rows()}
         if views.same(disk, stored, self._pending_refs(self.conn)):
@@ -200,7 +203,8 @@ class RefStore:
             changed = [r for n, r in rows.items() if n not in skip and views.ref_value(current.get(n)) != views.ref_value(r)]
             gone = [n for n in current if n not in rows and n not in skip]
             if changed or gone:
-                v = db.insert_version(conn, "external", None, time.time(), None, "done", None)
+                meta = by or VersionMeta("external")
+                v = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "done", None)
                 ups = []
                 for r in changed:
                     if r.symref is None:
