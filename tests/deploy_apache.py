@@ -90,6 +90,18 @@ def substitute(shipped: str, values: dict[str, str]) -> str:
     return text
 
 
+def _socket_dir(workdir: Path) -> Path:
+    """A short directory for mod_wsgi's daemon sockets, one per WORKDIR: a
+    socket's path holds at most 107 bytes, and a test's own directory can be
+    longer than that leaves (mod_wsgi then truncates it and every request
+    gets a 503)."""
+    import hashlib
+    d = Path("/tmp") / f"aspen-wsgi-{hashlib.sha1(str(workdir).encode()).hexdigest()[:12]}"
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o755)
+    return d
+
+
 def _wrapper(workdir: Path, port: int, include: Path, wsgi: bool, extra: tuple[str, ...] = ()) -> str:
     """The test-only part: what a distribution's apache2.conf would hold (and EXTRA lines)."""
     user = group = "www-data"
@@ -115,7 +127,7 @@ def _wrapper(workdir: Path, port: int, include: Path, wsgi: bool, extra: tuple[s
         "MaxSpareServers 8",
         "MaxRequestWorkers 32",
         "Timeout 600",
-        f'WSGISocketPrefix "{workdir}/wsgi"' if wsgi else "",
+        f'WSGISocketPrefix "{_socket_dir(workdir)}/s"' if wsgi else "",
         # the repositories are owned by root, the children run as www-data: trust them (like the bench)
         "SetEnv GIT_CONFIG_COUNT 1",
         "SetEnv GIT_CONFIG_KEY_0 safe.directory",
