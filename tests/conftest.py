@@ -91,13 +91,13 @@ _APACHE_BEFORE = pytest.StashKey[int]()
 UNCHECKED = "aspen_store_unchecked"
 
 
-TEMP_ROOT = Path("/tmp") / f"aspen-pytest-of-{os.getuid()}"
+TEMP_ROOT = Path("/tmp") / f"aspen-t{os.getuid()}"     # short: unix socket paths under it have 107 bytes
 TEMP_KEEP = 3                  # runs whose directories stay (the newest), as pytest's own default
 TEMP_STALE_S = 6 * 3600        # and none younger than this is removed: another run may be using it
 
 
 def _own_basetemp(config) -> None:
-    """Each run's temporary directories under TEMP_ROOT (mode 0755), not
+    """Each run's temporary directories under TEMP_ROOT (mode 0755, r-*), not
     pytest's /tmp/pytest-of-<user>: Apache runs as www-data and must traverse
     to the repositories and the installed aspen-cgi, and every pytest run
     started meanwhile (another suite, a developer's single test) resets
@@ -109,12 +109,12 @@ def _own_basetemp(config) -> None:
     import time
     TEMP_ROOT.mkdir(mode=0o755, exist_ok=True)
     os.chmod(TEMP_ROOT, 0o755)
-    runs = sorted(TEMP_ROOT.glob("run-*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    runs = sorted(TEMP_ROOT.glob("r-*"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in runs[TEMP_KEEP - 1:]:
         if time.time() - old.stat().st_mtime > TEMP_STALE_S:
             import shutil
             shutil.rmtree(old, ignore_errors=True)
-    config.option.basetemp = tempfile.mkdtemp(prefix="run-", dir=TEMP_ROOT)
+    config.option.basetemp = tempfile.mkdtemp(prefix="r-", dir=TEMP_ROOT)
 
 
 def pytest_configure(config):
