@@ -33,6 +33,7 @@
 #   --backends LIST    stock,aspen (default both, in that order)
 #   --timeout SECS     per script and backend (default 1200); a script past it is killed
 #   --test-opts OPTS   options of each test script (default "-v"; "-v -x" traces commands)
+#   --long             GIT_TEST_LONG=true: the EXPENSIVE tests too (t5551's enormous ref negotiation)
 #   --user NAME        the unprivileged user, when run as root (default aspen-gitsuite)
 #   --aspen-cgi PATH   Aspen's CGI program (default: this checkout's .venv/bin/aspen-cgi,
 #                      made by ./run setup)
@@ -53,7 +54,7 @@ die() { echo "$prog: $*" >&2; exit 2; }
 say() { echo "$prog: $*" >&2; }
 
 out="" build="" no_build=0 build_only=0 only="" skip="" backends="stock,aspen" timeout_s=1200
-test_opts="-v" user=aspen-gitsuite aspen_cgi="$here/.venv/bin/aspen-cgi" jobs=2 list_only=0 src=""
+test_opts="-v" long="" user=aspen-gitsuite aspen_cgi="$here/.venv/bin/aspen-cgi" jobs=2 list_only=0 src=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -80,6 +81,7 @@ while [ $# -gt 0 ]; do
     -j) jobs=${2:?}; shift ;;
     -j*) jobs=${1#-j} ;;
     --list) list_only=1 ;;
+    --long) long=true ;;
     -*) die "unknown option $1 (--help)" ;;
     *) [ -z "$src" ] || die "one GIT_SOURCE_DIR only (--help)"; src=$1 ;;
   esac
@@ -184,6 +186,8 @@ built=$("$build/git" --version 2>/dev/null | awk '{print $3}')
   die "git in $build was built without libcurl (install libcurl4-openssl-dev and build again)"
 [ -x /usr/sbin/apache2 ] || [ -x /usr/sbin/httpd ] ||
   die "no Apache (/usr/sbin/apache2): apt-get install apache2 (./run test installs it)"
+perl -MIO::Pty -e 1 2>/dev/null ||
+  say "no perl IO::Pty: the tests that need a terminal (TTY) are skipped (apt-get install libio-pty-perl)"
 if [ "$build_only" = 1 ]; then say "built: $build"; exit 0; fi
 
 # --- the shim --------------------------------------------------------------------------------
@@ -237,14 +241,21 @@ counts_from_log() {
        END {printf "total %d\nsuccess %d\nfixed %d\nbroken %d\nfailed %d\n", p+f+s+b+x, p, x, b, f}' "$1"
 }
 
-leftovers() {   # processes of the test user still running after a script: logged, then ended by pid
-  [ "$(id -u)" = 0 ] || return 0
-  local pids pid
-  sleep 1
-  pids=$(pgrep -u "$user" 2>/dev/null | tr '\n' ' ')
-  [ -n "$pids" ] || return 0
-  echo "gitsuite: processes of $user left after the script:" >>"$1"
-  ps -o pid,etimes,args -p "${pids// /,}" >>"$1" 2>/dev/null
+leftovers() {   # processes of this build's scripts still running a few seconds after one ended: logged, ended by pid
+  local pids pid i cwd
+  for i in 1 2 3 4 5 6; do
+    pids=""
+    for pid in $(pgrep -u "$user" 2>/dev/null); do
+      cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null) || continue
+      case "$cwd $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" in
+        *"$build"*) pids="$pids $pid" ;;
+      esac
+    done
+    [ -n "$pids" ] || return 0
+    sleep 1     # Apache stopping, a background build finishing
+  done
+  echo "gitsuite: still running 6 s after the script ended (then killed):" >>"$1"
+  ps -o pid,etimes,args -p "$(echo $pids | tr ' ' ',')" >>"$1" 2>/dev/null
   for pid in $pids; do kill "$pid" 2>/dev/null; done
   sleep 2
   for pid in $pids; do kill -9 "$pid" 2>/dev/null; done
@@ -257,7 +268,7 @@ run_one() {   # backend script
   t0=$(date +%s)
   # shellcheck disable=SC2086
   (cd "$tdir" && as_user env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME=/nonexistent \
-      LANG=C.UTF-8 GIT_TEST_HTTPD=true \
+      LANG=C.UTF-8 GIT_TEST_HTTPD=true ${long:+GIT_TEST_LONG=true} \
       timeout -k 30 "$timeout_s" sh "./$s.sh" $test_opts) >"$log" 2>&1 </dev/null
   rc=$?
   t1=$(date +%s)
@@ -353,7 +364,7 @@ excerpt() {   # script testline -> the verbose output of that test, up to its "n
   echo
   echo "git $installed (tests built from $src in $build), $(date -u +'%Y-%m-%d %H:%M UTC'), $(uname -n), $(nproc) cores."
   echo "Aspen: \`$aspen_cgi\` ($(cd "$here" && git rev-parse --short HEAD 2>/dev/null || echo '?')$(cd "$here" && [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && echo ', with uncommitted changes'))."
-  echo "Each script ran as \`GIT_TEST_HTTPD=true sh ./tNNNN-*.sh $test_opts\` as $user, timeout ${timeout_s}s; wall time ${wall}s."
+  echo "Each script ran as \`GIT_TEST_HTTPD=true ${long:+GIT_TEST_LONG=true }sh ./tNNNN-*.sh $test_opts\` as $user, timeout ${timeout_s}s; wall time ${wall}s."
   echo "pass/fail/skip count tests; known breakages (test_expect_failure) are in the notes."
   echo
   echo "| script | stock pass | stock fail | stock skip | aspen pass | aspen fail | aspen skip | aspen fails, stock passes | notes |"
