@@ -304,6 +304,9 @@ run_one() {   # backend script
 
 val() { awk -v k="$2" '$1 == k {print $2}' "$1" 2>/dev/null; }
 
+# however the run ends, the build is left with stock's git-http-backend
+trap 'install_backend stock' EXIT
+trap 'exit 130' INT TERM
 nscripts=$(wc -w <<<"$scripts")
 say "$nscripts scripts × backends ${backends}; results in $out"
 start=$(date +%s)
@@ -321,7 +324,6 @@ for b in ${backends//,/ }; do
     case "$st" in done|skipped*) ;; *) incomplete=1 ;; esac
   done
 done
-# the build is left with stock's git-http-backend
 install_backend stock
 wall=$(( $(date +%s) - start ))
 
