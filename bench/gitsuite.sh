@@ -14,7 +14,8 @@
 # t5562), so the shim is all that changes between the two runs.
 #
 # The scripts: every t/t*.sh that sources lib-httpd.sh or t556x_common or runs
-# `git http-backend` itself. They refuse to start Apache as root, so when this
+# `git http-backend` itself, and those that source one of them (t5559 runs
+# t5551 over HTTP/2). They refuse to start Apache as root, so when this
 # script runs as root they run as an unprivileged user (default
 # aspen-gitsuite, created with useradd if missing) that owns the build
 # directory; run by another user, they run as that user.
@@ -126,8 +127,11 @@ fi
 
 # the scripts of a t/ directory that exercise git-http-backend
 select_scripts() {
-  local tdir=$1 f base want
-  for f in $(cd "$tdir" && grep -lE 'lib-httpd\.sh|t556x_common|git http-backend' t[0-9]*.sh | sort); do
+  local tdir=$1 f base want direct again
+  direct=$(cd "$tdir" && grep -lE 'lib-httpd\.sh|t556x_common|git http-backend' t[0-9]*.sh)
+  # and those that source one of them (t5559: t5551 over HTTP/2 and TLS)
+  again=$(cd "$tdir" && grep -lE "^\. \./($(echo $direct | sed 's/ /|/g; s/\./\\./g'))" t[0-9]*.sh)
+  for f in $(printf '%s\n' $direct $again | sort -u); do
     base=${f%.sh}
     if [ -n "$only" ]; then
       want=0
