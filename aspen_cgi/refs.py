@@ -10,8 +10,6 @@ from typing import Mapping, Optional, Sequence
 
 from . import gitexec
 
-ZERO_OID = "0" * 40
-
 
 @dataclass(frozen=True)
 class Ref:
