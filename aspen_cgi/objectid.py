@@ -26,6 +26,6 @@ def null_of(format: str) -> str:
     return "0" * HEX_LENGTHS[format]
 
 
-def null_like(oid: str) -> str:
-    """The null id of OID's hash."""
-    return "0" * len(oid)
+def id_bytes(format: str) -> int:
+    """How many bytes an id of the hash FORMAT names takes in a pack or index."""
+    return HEX_LENGTHS[format] // 2

@@ -579,11 +579,12 @@ def _span(ctx, store, history, result, splice):
 
 def _prepare(ctx, store, result, indexes=None):
     """The plan's packs opened and checked, or None (git answers) when they are unusable."""
+    from .objectid import id_bytes
     from .packs.packfile import PackError
     from . import responder
     try:
         return responder.prepare(store.packs_dir, result, indexes,
-                                 32 if ctx.config.object_format == "sha256" else 20)
+                                 id_bytes(ctx.config.object_format))
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored packs unusable ({e}); git answers\n")
         return _fallback(ctx, "pack-error")

@@ -419,8 +419,9 @@ class RepoObjects:
 
 def oid_len(gitdir: str, env: Mapping[str, str]) -> int:
     """The length in bytes of the repository's object ids: 20 (SHA-1) or 32 (SHA-256)."""
+    from ..objectid import id_bytes
     from ..repoconfig import RepoConfig
-    return 32 if RepoConfig.load(gitdir, env).object_format == "sha256" else 20
+    return id_bytes(RepoConfig.load(gitdir, env).object_format)
 
 
 def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:
