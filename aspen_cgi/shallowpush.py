@@ -121,13 +121,7 @@ def assign(sp: ShallowPush, env: Mapping[str, str], tips: Mapping[int, str]) -> 
         start = commits.get(tip)
         if not start or start not in graph:
             continue
-        seen = {start}
-        stack = [start]
-        while stack:
-            for parent in graph.get(stack.pop(), ()):
-                if parent in graph and parent not in seen:
-                    seen.add(parent)
-                    stack.append(parent)
+        seen = set(intake.reachable_new(graph, start))
         used = tuple(o for o in sp.client if o in wanted and o in seen)
         if used:
             sp.needs[idx] = used
