@@ -124,9 +124,9 @@ def _replayed(env, body: bytes, started: float, config) -> bool:
         trace["ended"] = "entry-gone"
     hit.apply_effects()
     if config.metrics:
-        from . import metrics
+        from .runtime import metrics
         metrics.count(metrics.prepare(env), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
-    from .accesslog import line
+    from .http.accesslog import line
     if config.access_log:
         sys.stderr.write(line(env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""), 200, hit.length,
                               started, trace))
@@ -163,7 +163,7 @@ def main() -> int:
 
 def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, config) -> int:
     from .http.replay import MAX_ANSWER
-    from .accesslog import Counted, write_messages
+    from .http.accesslog import Counted, write_messages
     from .http.backend import handle
     from .http.limits import Limits
     from .http.message import Request

@@ -107,7 +107,7 @@ def _cmd_log(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     store = _open(args.repo)
-    from .progress import Spinner
+    from .runtime.progress import Spinner
     with Spinner("verifying", enabled=not args.quiet) as spin:
         rep = store.verify(progress=spin.step)
     if args.json:
@@ -136,7 +136,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         return _import_background(args)
     if args.all:
         return _import_all(args)
-    from .progress import Bar
+    from .runtime.progress import Bar
     store = _open(args.repo)
     bars: dict[str, Bar] = {}
 
@@ -190,7 +190,7 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
     is waited for (SAY tells its pid) and whatever it left is built after it.
     The merged BuildReport: `busy` only without WAIT, `gone` when the
     repository went."""
-    from .admission import BUILDS_ENV
+    from .runtime.admission import BUILDS_ENV
     from .packs import background
     total = background.BuildReport()
     told: set = set()
@@ -218,7 +218,7 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
 def _wait_free(lock: str, owner) -> None:
     """Until LOCK is no longer OWNER's, or OWNER died."""
     from .packs.background import _holder
-    from .refstore.owners import owner_alive
+    from .runtime.owners import owner_alive
     pause = 0.05
     while _holder(lock) == owner and owner_alive(owner):
         time.sleep(pause)
@@ -230,8 +230,8 @@ def _import_background(args: argparse.Namespace) -> int:
     pack-objects thread, gone at once when another builder runs, and quietly
     when the repository goes (leaving nothing behind)."""
     from .packs import background
-    from .statedir import state_dir
-    from .repoguard import RepoGuard, RepositoryGone, open_store
+    from .runtime.statedir import state_dir
+    from .runtime.repoguard import RepoGuard, RepositoryGone, open_store
     try:
         os.nice(background.NICE)
     except OSError:
@@ -283,7 +283,7 @@ def repositories(root: str) -> list[str]:
 
 def _import_all(args: argparse.Namespace) -> int:
     import threading
-    from .progress import Bar
+    from .runtime.progress import Bar
     root = os.path.abspath(args.repo)
     if not os.path.isdir(root):
         raise SystemExit(f"aspen: not a directory: {args.repo}")
@@ -376,9 +376,9 @@ def _depth1_entries(items) -> dict[str, int]:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from . import admission
+    from .runtime import admission
     from .cache import evict, responses, stats
-    from .statedir import state_dir
+    from .runtime.statedir import state_dir
     if not args.repo and not args.server:
         raise SystemExit("aspen stats: name a repository, or --server for the server's metrics")
     rows = []
@@ -405,7 +405,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     values = None
     if args.server:
-        from . import metrics
+        from .runtime import metrics
         values = metrics.snapshot(os.environ)
         server.update({"metrics_dir": metrics.directory(os.environ), "metrics": metrics.families(values)})
     if args.json:
@@ -434,7 +434,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _print_metrics(where: str, values: dict) -> None:
     """The server's metrics, family by family: the numbers GET /_aspen/metrics serves."""
-    from . import metrics
+    from .runtime import metrics
     counted = [k for k in values if metrics.family(k) in metrics.COUNTERS and values[k]]
     print(f"server metrics ({where}):")
     if not counted:
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rc = args.func(args)
     if args.command == "import" and _RECORDED:
-        from .cache.depth1 import after_import
+        from .fetch.depth1 import after_import
         after_import(_RECORDED, dict(os.environ))     # their first depth-1 clones, before anyone asks
     return rc
 

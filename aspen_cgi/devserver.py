@@ -7,7 +7,7 @@ import os
 import socket
 import tempfile
 
-from . import gitexec
+from .git import gitexec
 
 
 def make_demo(root: str) -> str:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 
-from .gitvalues import ConfigError, parse_bool, parse_size
+from .model.gitvalues import ConfigError, parse_bool, parse_size
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:

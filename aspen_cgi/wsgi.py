@@ -26,7 +26,7 @@ import time
 from typing import Callable, Iterable, Iterator, Optional
 
 from . import settings
-from .accesslog import Counted, CountedFile, write_messages
+from .http.accesslog import Counted, CountedFile, write_messages
 from .http import dumb
 from .http import headers as H
 from .http.backend import handle
@@ -53,12 +53,14 @@ def _settle() -> None:
     middle of planning (random-fetch, small preset)."""
     import gc
     import uuid  # noqa: F401
-    from . import receive, responder, upload  # noqa: F401
-    from .cache import depth1, prewarm, responses  # noqa: F401
+    from .push import receive
+    from .fetch import planned as responder, upload  # noqa: F401
+    from .fetch import depth1, prewarm
+    from .cache import responses  # noqa: F401
     from .packs import spanpack, splice  # noqa: F401
     from .planner import plan  # noqa: F401
-    from .pushflow import Push  # noqa: F401
-    from .refstore import history  # noqa: F401
+    from .push.flow import Push  # noqa: F401
+    from .fetch import history  # noqa: F401
     from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
     gc.collect()
     gc.freeze()

@@ -359,7 +359,7 @@ def builders_settled(repo: Path, timeout: float = 120.0) -> list[str]:
     """Wait (up to TIMEOUT s) until no live builder holds a lock of REPO's
     pack builders; the builder locks left then, each named for a dead owner
     (a builder killed with its worker: the next builder takes it over)."""
-    from aspen_cgi.refstore.owners import owner_alive
+    from aspen_cgi.runtime.owners import owner_alive
     packs = repo / "aspen" / "packs"
     deadline = time.monotonic() + timeout
     while True:

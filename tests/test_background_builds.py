@@ -363,7 +363,7 @@ def test_at_most_builds_per_server_builds_run_at_once(tmp_path, limit):
 
 
 def test_build_slots_default_to_half_the_cores_apart_from_live_slots(tmp_path):
-    from aspen_cgi import admission
+    from aspen_cgi.runtime import admission
     lim = admission.limits({"ASPEN_RUN_DIR": str(tmp_path / "run")})
     assert lim.builds == max(1, (os.cpu_count() or 2) // 2)
     assert admission.limits({admission.BUILDS_ENV: "3"}).builds == 3
@@ -495,7 +495,7 @@ def test_a_background_git_whose_input_outlasts_its_first_poll_gets_all_of_it(tmp
     than a pipe that is still being written when the first poll times out
     (an import's 1,800 tips, a loaded machine) must still reach git whole.
     It used to stop after the first poll: git waited for stdin forever."""
-    from aspen_cgi import gitexec
+    from aspen_cgi.git import gitexec
     repo = tmp_path / "repo.git"
     h.git("init", "-q", "--bare", str(repo))
     data = os.urandom(1 << 20)

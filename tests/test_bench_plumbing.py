@@ -478,7 +478,7 @@ def test_metrics_scraped_after_a_bench_workload_match_what_the_proxy_saw(tmp_pat
     import collections
     import urllib.request
 
-    from aspen_cgi import metrics
+    from aspen_cgi.runtime import metrics
     from bench import repogen
     from bench.workloads import WORKLOADS
     from bench.workloads.base import WorkloadContext

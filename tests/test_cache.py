@@ -30,7 +30,7 @@ import pytest
 
 from aspen_cgi.cache import evict
 from aspen_cgi.cache.entries import HEADER, HEADER_SIZE, KEPT, MAGIC
-from aspen_cgi.cache.prewarm import clone_request
+from aspen_cgi.fetch.prewarm import clone_request
 
 from .harness import Server, fsck_strict, git, out, refs_of
 
@@ -475,7 +475,7 @@ def test_prewarm_makes_the_first_clone_after_a_push_a_hit(root, server_factory, 
 def test_prewarm_only_where_depth1_clones_were_asked_for(root, server_factory, tmp_path):
     """A push starts a pre-warmer only once a client asked for a depth-1 clone
     within ASPEN_PREWARM_DEMAND_S: a full clone is no such demand."""
-    from aspen_cgi.cache import prewarm
+    from aspen_cgi.fetch import prewarm
     repo = root / "repo.git"
     git("config", "http.receivepack", "true", cwd=str(repo))
     server = server_factory(root, ASPEN_RUN_DIR=str(tmp_path / "run"))

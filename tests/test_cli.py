@@ -16,7 +16,7 @@ from typing import Optional
 import pytest
 
 from aspen_cgi.refstore import segments
-from aspen_cgi.refstore.model import ZERO, RefChange, VersionMeta
+from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -251,7 +251,7 @@ def test_verify_reports_a_pending_version_of_a_live_writer(tmp_path):
     assert aspen("verify", str(repo)).returncode == 0
     conn = sqlite3.connect(str(repo / "aspen" / "aspen.sqlite3"))
     # a writer that is alive (this test process) and stuck between store and disk
-    from aspen_cgi.refstore.owners import owner_id
+    from aspen_cgi.runtime.owners import owner_id
     conn.execute("INSERT INTO versions(id, kind, at, state, owner) VALUES (2, 'push', 0, 'pending', ?)", (owner_id(),))
     conn.commit()
     conn.close()

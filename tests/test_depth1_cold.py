@@ -131,7 +131,7 @@ def _fields(server) -> list[dict[str, str]]:
 
 def _hook_runs(tmp_path: Path) -> int:
     trace = tmp_path / "trace"
-    return trace.read_text(errors="replace").count("aspen_cgi.packhook") if trace.exists() else 0
+    return trace.read_text(errors="replace").count("aspen_cgi.fetch.packobjectshook") if trace.exists() else 0
 
 
 def _settled(server, n: int) -> list[dict[str, str]]:

@@ -1,5 +1,5 @@
 """The planner's history as of the latest settled version
-(aspen_cgi/refstore/history.py): a version done but not yet packed, or a
+(aspen_cgi/fetch/history.py): a version done but not yet packed, or a
 push in flight, is not read; answers about settled versions are kept for
 the process's later requests, and a version that settles later makes its
 commits' answers new."""
@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.fetch.history import StoreHistory
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from aspen_cgi import admission, metrics
+from aspen_cgi.runtime import admission, metrics
 from aspen_cgi.http import backend
 
 from . import harness as h

@@ -1,4 +1,4 @@
-"""Refused plans checked against git's object walk (aspen_cgi/plancheck.py):
+"""Refused plans checked against git's object walk (aspen_cgi/fetch/plancheck.py):
 the planner's cost rule refuses a holder version when the client holds
 commits introduced after it; the plan it refused is sent only when `git
 rev-list --objects WANTS --not HAVES` lists every object of its packs. A
@@ -13,10 +13,10 @@ import os
 import re
 from pathlib import Path
 
-from aspen_cgi import plancheck
+from aspen_cgi.fetch import plancheck
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
-from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.fetch.history import StoreHistory
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h

@@ -269,7 +269,7 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
     the ref store's recorded parents, asked first, never rule out a round
     stock ends."""
     import os
-    from aspen_cgi import plancheck
+    from aspen_cgi.fetch import plancheck
     main, stale, root = branchy.rev("main"), branchy.rev("main~2"), branchy.rev("main~3")
     rounds = [([main], [stale]),                       # main reaches stale: ready
               ([main], _branch_tips(branchy, 3)),      # branch tips beside main: main reaches none
@@ -278,7 +278,7 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
               ([branchy.rev("b3")], [main]),           # b3 is below no have
               ([main, branchy.rev("x2")], [stale, branchy.rev("x1")]),
               ([main], ["1" * 40])]                    # unknown have: no THEY_HAVE at all
-    from aspen_cgi.refstore.history import StoreHistory
+    from aspen_cgi.fetch.history import StoreHistory
     from aspen_cgi.refstore.store import RefStore
     store = RefStore.open(str(branchy.repo), dict(os.environ, GIT_DIR=str(branchy.repo)))
     store.sync()

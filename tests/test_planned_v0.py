@@ -334,7 +334,7 @@ class _Splice:
 
 @pytest.mark.parametrize("mode,limit", [("side-band-64k", 65520), ("side-band", 1000)])
 def test_v0_band_packets_never_exceed_the_limit(mode, limit):
-    from aspen_cgi import responder
+    from aspen_cgi.fetch import planned as responder
     from aspen_cgi.planner.plan import Plan
     size = responder.BAND_DATA if mode == "side-band-64k" else responder.SIDEBAND_DATA
     plan = Plan((1,), ("x",), 0, 0)

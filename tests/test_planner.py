@@ -14,7 +14,7 @@ import pytest
 
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
-from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.fetch.history import StoreHistory
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -223,7 +223,7 @@ class _FakeHistory:
         return True
 
     def tips(self, commit):
-        from aspen_cgi.refstore.model import TipAnswer, Visits
+        from aspen_cgi.model.versions import TipAnswer, Visits
         return TipAnswer(commit, (), Visits(1, 0))
 
     def tips_many(self, commits):
@@ -249,7 +249,7 @@ class _FakeHistory:
 
 
 def test_a_clone_of_every_ref_is_the_import_pack_then_the_runs():
-    from aspen_cgi.refstore.model import CloneView, SegmentPack
+    from aspen_cgi.model.versions import CloneView, SegmentPack
     a, b, t, peeled = "a" * 40, "b" * 40, "c" * 40, "d" * 40
     view = CloneView(12, frozenset({a, b, t}), frozenset({peeled}),
                      (SegmentPack(2, 9, "9" * 40), SegmentPack(10, 11, "")))
@@ -325,7 +325,7 @@ def _stale_history(repo: Path, n: int, tags: int) -> tuple[RefStore, list[str], 
     introduced) as the builder would. Returns the store, main's chain, the
     stale tip and the tags' peeled commits."""
     from aspen_cgi.refstore import db
-    from aspen_cgi.refstore.model import RefChange, VersionMeta
+    from aspen_cgi.model.versions import RefChange, VersionMeta
 
     from .test_refstore import commits, empty_repo
     empty_repo(repo)
@@ -389,7 +389,7 @@ class _TagHistory:
         return self.VALUES[version]
 
     def tips(self, commit):
-        from aspen_cgi.refstore.model import TipAnswer, Visits
+        from aspen_cgi.model.versions import TipAnswer, Visits
         rows = self.TIPS.get(commit, ())
         return TipAnswer(commit, rows, Visits(1, 0, tuple(sorted({v for v, _ in rows}))))
 
@@ -397,7 +397,7 @@ class _TagHistory:
         return {c: self.tips(c) for c in commits}
 
     def is_ancestor(self, ref, j, k):
-        from aspen_cgi.refstore.model import AncestryAnswer, Visits
+        from aspen_cgi.model.versions import AncestryAnswer, Visits
         return AncestryAnswer(ref, j, k, ref == "refs/heads/main" and j <= k, None, None,
                               Visits(k - j, 0, tuple(range(j + 1, k + 1))))
 

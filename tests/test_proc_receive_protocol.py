@@ -8,8 +8,8 @@ import pytest
 
 from aspen_cgi.protocol import procreceive as pr
 from aspen_cgi.protocol.push import RefResult, report
-from aspen_cgi.pushpolicy import PushPolicy
-from aspen_cgi.repoconfig import RepoConfig
+from aspen_cgi.push.policy import PushPolicy
+from aspen_cgi.git.repoconfig import RepoConfig
 
 from .differential import pkt
 

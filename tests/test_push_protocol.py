@@ -12,9 +12,9 @@ import pytest
 
 from aspen_cgi.protocol import pktline, push
 from aspen_cgi.protocol.push import ZERO, Command, RefResult
-from aspen_cgi.pushpolicy import IGNORE, REFUSE, UNCONFIGURED, UPDATE_INSTEAD, WARN, PushPolicy
-from aspen_cgi.refname import check_refname_format
-from aspen_cgi.repoconfig import RepoConfig
+from aspen_cgi.push.policy import IGNORE, REFUSE, UNCONFIGURED, UPDATE_INSTEAD, WARN, PushPolicy
+from aspen_cgi.model.refname import check_refname_format
+from aspen_cgi.git.repoconfig import RepoConfig
 
 from .differential import pkt
 
@@ -218,7 +218,7 @@ def test_nonce_statuses():
 
 
 def test_gpg_status_parsing():
-    from aspen_cgi.signature import parse_gpg_output, parse_ssh_output
+    from aspen_cgi.push.signature import parse_gpg_output, parse_ssh_output
     good = ("[GNUPG:] NEWSIG\n[GNUPG:] KEY_CONSIDERED F00 0\n[GNUPG:] GOODSIG 0123456789ABCDEF A U Thor <a@x>\n"
             "[GNUPG:] VALIDSIG F1 2024-01-01 1 0 4 0 22 10 01 PRIMARY\n[GNUPG:] TRUST_UNDEFINED 0 pgp\n")
     c = parse_gpg_output(good)

@@ -605,11 +605,11 @@ def test_big_push_is_streamed_not_buffered(root, repo, tmp_path):
     import os
     import tracemalloc
 
-    from aspen_cgi import receive
+    from aspen_cgi.push import receive
     from aspen_cgi.http import paths
     from aspen_cgi.http.backend import ServiceContext, child_env
     from aspen_cgi.http.body import Body
-    from aspen_cgi.repoconfig import RepoConfig
+    from aspen_cgi.git.repoconfig import RepoConfig
 
     work = tmp_path / "work"
     h.git("clone", "-q", str(repo), str(work))

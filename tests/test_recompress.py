@@ -16,7 +16,7 @@ import deflate
 import pytest
 
 from aspen_cgi.packs.packfile import encode_entry_header
-from aspen_cgi.packhook import upload_pack_config, wants_wide_pack
+from aspen_cgi.fetch.packobjectshook import upload_pack_config, wants_wide_pack
 from aspen_cgi.packs.recompress import RecompressError, rewrite, rewrite_to
 from aspen_cgi.protocol.requests import FetchRequest
 from bench.repogen import PRESETS, generate
@@ -175,17 +175,17 @@ def test_wants_wide_pack():
 def test_upload_pack_config_quotes_the_interpreter():
     args = upload_pack_config("/opt/my python/bin/python3")
     assert args[0] == "-c" and args[1].startswith("uploadpack.packObjectsHook=")
-    assert shlex.split(args[1].split("=", 1)[1]) == ["/opt/my python/bin/python3", "-P", "-m", "aspen_cgi.packhook"]
+    assert shlex.split(args[1].split("=", 1)[1]) == ["/opt/my python/bin/python3", "-P", "-m", "aspen_cgi.fetch.packobjectshook"]
 
 
 def test_hook_fails_cleanly(repos):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "aspen_cgi.packhook", *a], cwd=str(repos["history"]),
+    run = lambda *a: subprocess.run([sys.executable, "-m", "aspen_cgi.fetch.packobjectshook", *a], cwd=str(repos["history"]),
                                     input=b"", capture_output=True, timeout=60)
     usage = run()
     assert usage.returncode != 0 and b"usage" in usage.stderr and usage.stdout == b""
     bad = run("git", "pack-objects", "--stdout", "--no-such-option")
     assert bad.returncode != 0 and bad.stdout == b""
-    ok = subprocess.run([sys.executable, "-m", "aspen_cgi.packhook", "git", "pack-objects", "--revs", "--stdout", "-q"],
+    ok = subprocess.run([sys.executable, "-m", "aspen_cgi.fetch.packobjectshook", "git", "pack-objects", "--revs", "--stdout", "-q"],
                         cwd=str(repos["history"]), input=b"main\n", capture_output=True, timeout=60)
     assert ok.returncode == 0 and ok.stdout[:4] == b"PACK"
 

@@ -20,9 +20,10 @@ from typing import Optional
 
 import pytest
 
-from aspen_cgi import refs as refs_mod
+from aspen_cgi.git import reader
+from aspen_cgi.model import refs as refs_mod
 from aspen_cgi.refstore import db, segments
-from aspen_cgi.refstore.model import ZERO, RefChange, VersionMeta
+from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -228,7 +229,7 @@ def test_commit_records_type_peeled_and_introduced(tmp_path):
     assert store.introduced_by(main) == [v]
     snap = store.snapshot().by_name()
     assert (snap["refs/tags/again"].oid, snap["refs/tags/again"].peeled) == (tag, target)
-    assert store.snapshot() == refs_mod.read_refs(str(repo), env_for(repo), None)
+    assert store.snapshot() == reader.read_refs(str(repo), env_for(repo), None)
 
 
 @pytest.mark.parametrize("fast", [False, True], ids=["update-ref", "in-process"])
@@ -632,7 +633,7 @@ def test_snapshot_equals_gits_view(tmp_path, head):
             "refs/namespaces/team/HEAD"} <= names
     assert store.snapshot().by_name()["refs/heads/missing"].missing
     for ns in (None, "team", "bare", "detached", "nobody"):
-        assert store.snapshot(ns) == refs_mod.read_refs(str(repo), env, ns), ns
+        assert store.snapshot(ns) == reader.read_refs(str(repo), env, ns), ns
     team = store.snapshot("team")
     assert team.head is not None and team.head_target == "refs/heads/main"
     assert team.by_name()["refs/heads/alias"].symref_target == "refs/heads/second"
@@ -642,7 +643,7 @@ def test_snapshot_equals_gits_view(tmp_path, head):
     ok(store, [RefChange("refs/heads/topic", topic, main, ff=True),
                RefChange("refs/namespaces/team/refs/heads/new", ZERO, topic)])
     for ns in (None, "team"):
-        assert store.snapshot(ns) == refs_mod.read_refs(str(repo), env, ns), ns
+        assert store.snapshot(ns) == reader.read_refs(str(repo), env, ns), ns
     # the ref with a missing object is a problem verify names (and nothing else is)
     problems = store.verify().problems
     assert any("refs/heads/missing" in p for p in problems)
@@ -664,7 +665,7 @@ def test_voided_version_leaves_no_tips(tmp_path):
     store.sync()
     code = (f"import os\n"
             f"from aspen_cgi.refstore.store import RefStore\n"
-            f"from aspen_cgi.refstore.model import RefChange, VersionMeta\n"
+            f"from aspen_cgi.model.versions import RefChange, VersionMeta\n"
             f"env = dict(os.environ, GIT_DIR={str(repo)!r}, ASPEN_FAULT='store-committed')\n"
             f"s = RefStore.open({str(repo)!r}, env)\n"
             f"s.sync()\n"
@@ -705,7 +706,7 @@ def test_deleting_the_state_directory_under_a_running_process_reimports(tmp_path
 def test_a_schema_5_store_gains_push_certificates(tmp_path):
     """Migration 6: a table of push certificates beside the versions; a version
     written with a certificate reads back with it, the others without."""
-    from aspen_cgi.refstore.model import PushCert, RefChange, VersionMeta
+    from aspen_cgi.model.versions import PushCert, RefChange, VersionMeta
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)
     store.sync()

@@ -499,7 +499,7 @@ def test_aspen_state_is_never_served(root, tmp_path, where):
         s.stop()
     if p is not None:
         assert p.returncode == 0, p.stderr.decode()
-    from aspen_cgi.statedir import state_dir
+    from aspen_cgi.runtime.statedir import state_dir
     state = Path(state_dir(str(repo), dict(os.environ, **env)))
     files = _state_files(root, state)
     names = {f.name for f in files}

@@ -197,7 +197,7 @@ def test_the_push_walks_listing_is_its_versions_boundary_when_it_ends_at_ref_val
     """boundary_listed gives what boundary_of's rev-list gives when every
     commit outside the listing is a ref value before the version, and None
     otherwise; adopt() then takes the listed paths instead of reading trees."""
-    from aspen_cgi import intake
+    from aspen_cgi.push import intake
     repo = tmp_path / "repo.git"
     h.git("init", "-q", "--bare", str(repo))
     work = tmp_path / "work"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aspen_cgi.refstore.model import ZERO
+from aspen_cgi.model.versions import ZERO
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h

@@ -8,12 +8,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Optional
 
-from .. import gitexec
-from .. import refs as refs_mod
+from ..git import gitexec
+from ..model import refs as refs_mod
 from .. import settings
 from ..protocol.pktline import ProtocolError
-from ..repoconfig import ConfigError, RepoConfig
-from ..accesslog import METRICS_KEY
+from ..git.repoconfig import ConfigError, RepoConfig
+from .accesslog import METRICS_KEY
 from . import dumb, paths, routes
 from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
@@ -47,13 +47,13 @@ class ServiceContext:
         """The repository's ref store, brought up to the disk (once per request), or None."""
         if not self._store_opened:
             self._store_opened = True
-            from .. import refview
+            from ..refstore import snapshots as refview
             self._store = refview.open_store(self.gitdir, self.env, self.log)
             self.trace["version"] = self._store.version if self._store is not None else "-"
         return self._store
 
     def snapshot(self, namespace: Optional[str] = None) -> "refs_mod.RefSnapshot":
-        from .. import refview
+        from ..refstore import snapshots as refview
         return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
 
 
@@ -168,7 +168,7 @@ def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
     """Where this server counts (ASPEN_METRICS=1), or None; metrics.py loads only when it is on."""
     if not settings.of(env).metrics:
         return None
-    from .. import metrics
+    from ..runtime import metrics
     return metrics.prepare(env)
 
 
@@ -190,7 +190,7 @@ def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
 
 def _metrics_response(env: Mapping[str, str]) -> Response:
     """The server's metrics in Prometheus' text format (metrics.PATH, ASPEN_METRICS=1)."""
-    from .. import metrics
+    from ..runtime import metrics
     body = metrics.exposition(metrics.snapshot(env)).encode()
     hdrs = H.nocache() + [("Content-Length", str(len(body))), ("Content-Type", metrics.CONTENT_TYPE)]
     return Response(200, "OK", hdrs, [body], trace={"service": "metrics"})
@@ -274,9 +274,9 @@ def _handle(req: Request, seen: dict) -> Response:
 def _advertise(svc: str, ctx: ServiceContext, prefix) -> Response:
     from ..protocol import pktline
     if svc == "upload-pack":
-        from .. import upload as service
+        from ..fetch import upload as service
     else:
-        from .. import receive as service
+        from ..push import receive as service
     head = b""
     if ctx.protocol_version != 2:
         head = pktline.encode(f"# service=git-{svc}\n") + pktline.FLUSH
@@ -293,14 +293,14 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     limits = req.limits or Limits.from_env(req.env)
     body_obj: Optional[Body] = None
     if svc == "upload-pack":
-        from .. import upload as service
+        from ..fetch import upload as service
         data = read_upload_request(req.input, length, gzip, max_buffer, limits)
         if not data:
             # stock's upload-pack dies on an empty request (t5562); Aspen says so with a status
             raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
         stream = service.serve(ctx, data)
     else:
-        from .. import receive as service
+        from ..push import receive as service
         if limits.max_push_bytes and length is not None and length > limits.max_push_bytes:
             raise HttpError(413, "Payload Too Large",
                             f"fatal: push of {length} bytes is larger than the server's limit of "

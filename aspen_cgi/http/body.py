@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 from typing import IO, Optional
 
-from ..gitvalues import ConfigError, parse_size
+from ..model.gitvalues import ConfigError, parse_size
 from .limits import INFLATE_FREE, UNLIMITED, Limits
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024

@@ -8,7 +8,7 @@ import stat
 from typing import Iterator, Mapping, Optional
 
 from .. import settings
-from ..refs import RefSnapshot
+from ..model.refs import RefSnapshot
 from . import headers as H
 from .message import HttpError, Response
 

@@ -8,7 +8,7 @@ import stat
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from .. import gitexec
+from ..git import gitexec
 from .message import HttpError
 
 PATH_MAX = 4096

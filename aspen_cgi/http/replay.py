@@ -37,8 +37,8 @@ TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:
     from typing import Mapping, Optional
 
-from ..configfiles import sources
-from ..statedir import state_dir
+from ..git.configfiles import sources
+from ..runtime.statedir import state_dir
 
 MAGIC = b"aspen-replay 1\n"
 MAX_BODY = 1 << 20          # request bodies larger than this are not looked up

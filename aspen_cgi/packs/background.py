@@ -61,9 +61,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from .. import gitexec, settings
-from ..refstore.owners import owner_alive, owner_id
-from ..repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident, open_store
+from ..git import gitexec
+from .. import settings
+from ..runtime.owners import owner_alive, owner_id
+from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident, open_store
 
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
@@ -170,7 +171,7 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     if config.version_packs == "off":
         return False
     if config.metrics:                  # its backlog is counted at scrape time from now on
-        from .. import metrics
+        from ..runtime import metrics
         metrics.note_backlog(metrics.directory(env), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
     if running(packs_dir):
         return False
@@ -262,7 +263,7 @@ class _BuildSlot:
 
     def take(self) -> None:
         if self.slot is None:
-            from .. import admission
+            from ..runtime import admission
             self.slot = admission.acquire_build(admission.limits(self.env), self.guard.check, self.on_wait)
             self.guard.check()
 
@@ -382,7 +383,7 @@ def _unquiet(store, quiet: float) -> float:
 def _build(gitdir: str, env: Mapping[str, str]) -> None:
     """A server thread's builder (IN_PROCESS): the thread itself runs at
     niceness NICE (Linux keeps one per thread), and so do its git children."""
-    from ..statedir import state_dir
+    from ..runtime.statedir import state_dir
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(NICE, gitexec.niceness()))
     except OSError:

@@ -1,6 +1,6 @@
 """Streaming pack rewriter: the same objects, deflated harder.
 
-Role: the depth-1 path (`aspen_cgi.packhook`) pipes git's pack through this
+Role: the depth-1 path (`aspen_cgi.fetch.packobjectshook`) pipes git's pack through this
 module before it reaches the client. Each entry keeps its type, its header
 size and its place in the pack; only its zlib stream is replaced, by
 libdeflate's level-12 stream when that is smaller (the inflated bytes are
@@ -25,9 +25,7 @@ from typing import BinaryIO, Iterable, Iterator, Union
 
 import deflate
 
-from .packfile import (HASHES, OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, PACK_SIGNATURE,
-                       TYPE_NAMES, PackError, decode_ofs_distance, decode_type_size,
-                       encode_ofs_distance, encode_type_size)
+from .packfile import HASHES, OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, PACK_SIGNATURE, TYPE_NAMES, PackError, decode_ofs_distance, decode_type_size, encode_ofs_distance, encode_type_size
 
 LEVEL = 12                  # libdeflate's strongest level
 CHUNK = 65536               # read size, and the size of output chunks

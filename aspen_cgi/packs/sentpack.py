@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import IO, Mapping, Optional
 
-from ..objectid import OID_PATTERN
+from ..model.objectid import OID_PATTERN
 from .versionpack import ADOPT_MAX
 
 

@@ -26,9 +26,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, Optional, Sequence
 
-from .. import gitexec
-from ..memo import put_bounded
-from ..refstore.owners import owner_alive, owner_id
+from ..git import gitexec
+from ..runtime.memo import put_bounded
+from ..runtime.owners import owner_alive, owner_id
 
 
 SCRATCH_PREFIX = "build-"
@@ -419,8 +419,8 @@ class RepoObjects:
 
 def oid_len(gitdir: str, env: Mapping[str, str]) -> int:
     """The length in bytes of the repository's object ids: 20 (SHA-1) or 32 (SHA-256)."""
-    from ..objectid import id_bytes
-    from ..repoconfig import RepoConfig
+    from ..model.objectid import id_bytes
+    from ..git.repoconfig import RepoConfig
     return id_bytes(RepoConfig.load(gitdir, env).object_format)
 
 

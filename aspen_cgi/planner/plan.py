@@ -102,7 +102,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Optional, Protocol, Sequence
 
 from ..protocol.requests import FetchRequest
-from ..refstore.model import AncestryAnswer, CloneView, TipAnswer, Visits
+from ..model.versions import AncestryAnswer, CloneView, TipAnswer, Visits
 
 UNPROVED = "haves-not-proved"
 EXTRA_OBJECTS = "extra-objects"    # stored packs hold objects stock's answer would not leave the client with

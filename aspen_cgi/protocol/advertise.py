@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
-from ..objectid import null_of
-from ..refs import RefSnapshot
+from ..model.objectid import null_of
+from ..model.refs import RefSnapshot
 from .pktline import FLUSH, encode
 
 UPLOAD_CAPS = ("multi_ack thin-pack side-band side-band-64k ofs-delta shallow deepen-since "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from ..objectid import is_null
+from ..model.objectid import is_null
 from .pktline import FLUSH, encode
 
 _HEX = set("0123456789abcdef")

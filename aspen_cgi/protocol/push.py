@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from ..objectid import HEX_LENGTHS, OID_PATTERN, ZERO, is_null, is_oid
+from ..model.objectid import HEX_LENGTHS, OID_PATTERN, ZERO, is_null, is_oid
 from . import pktline
 from .pktline import FLUSH, ProtocolError, encode
 from .procreceive import RefReport

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 from .. import settings
-from .model import ZERO, PushCert, StoredRef, Update, Version, is_null
+from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 
 SCHEMA_VERSION = 6
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler

@@ -16,10 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from .. import gitexec
-from ..objectid import OID_PATTERN
-from ..refname import check_refname_format
-from .model import ZERO, RefChange, is_null
+from ..git import gitexec
+from ..model.objectid import OID_PATTERN
+from ..model.refname import check_refname_format
+from ..model.versions import ZERO, RefChange, is_null
 
 _HEX = re.compile(f"^{OID_PATTERN}$")
 

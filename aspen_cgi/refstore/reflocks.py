@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Optional, Sequence
 
-from .owners import owner_alive, owner_id
+from ..runtime.owners import owner_alive, owner_id
 
 DIR = "reflocks"
 

@@ -23,13 +23,12 @@ import threading
 import time
 from typing import Callable, Iterator, Mapping, Optional, Sequence
 
-from .. import refs as refs_mod
+from ..model import refs as refs_mod
 from .. import settings
-from ..statedir import state_dir
+from ..runtime.statedir import state_dir
 from . import db, diskrefs, fingerprint, reflocks, segments, views
-from .owners import fault, owner_alive, owner_id
-from .model import (ZERO, is_null, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer,
-                    Version, VersionMeta, VerifyReport, Visits)
+from ..runtime.owners import fault, owner_alive, owner_id
+from ..model.versions import ZERO, is_null, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer, Version, VersionMeta, VerifyReport, Visits
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Optional
 
-from .. import gitexec
+from ..git import gitexec
 from . import db, diskrefs, views
-from .model import VerifyReport
-from .owners import owner_alive
+from ..model.versions import VerifyReport
+from ..runtime.owners import owner_alive
 
 STALE_LOCK_SECONDS = 60.0
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from .. import refs as refs_mod
+from ..git import reader
+from ..model import refs as refs_mod
 from . import diskrefs
-from .model import StoredRef
+from ..model.versions import StoredRef
 
 
 def gitexec_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -33,7 +34,7 @@ def tip_rows(rows: Sequence[StoredRef]) -> list[tuple[str, str]]:
 
 def read_git(gitdir: str, env: Mapping[str, str]) -> list[StoredRef]:
     """Every ref under refs/ as git reads it, with types and peeled values."""
-    snap = refs_mod.read_refs(gitdir, {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}, None)
+    snap = reader.read_refs(gitdir, {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}, None)
     out = []
     for r in snap.refs:
         if r.symref_target:
@@ -120,7 +121,7 @@ def to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], 
             head = Ref("HEAD", direct.oid, direct.peeled if direct.otype == "tag" else None, None,
                        direct.otype == "missing")
         return refs_mod.RefSnapshot(tuple(out), head, target, prefix)
-    target, direct_oid = refs_mod.read_head_file(gitdir, "")
+    target, direct_oid = reader.read_head_file(gitdir, "")
     if target is not None:
         t = by_name.get(target)
         if t is not None and t.symref:
@@ -129,6 +130,6 @@ def to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], 
         if ref is not None:
             head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
     elif direct_oid:
-        info = refs_mod.object_info(gitdir, gitexec_env(env), [direct_oid]).get(direct_oid, ("missing", None))
+        info = reader.object_info(gitdir, gitexec_env(env), [direct_oid]).get(direct_oid, ("missing", None))
         head = Ref("HEAD", direct_oid, info[1] if info[0] == "tag" else None, None, info[0] == "missing")
     return refs_mod.RefSnapshot(tuple(out), head, target, prefix)

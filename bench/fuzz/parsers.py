@@ -19,7 +19,7 @@ from aspen_cgi.http.backend import protocol_version
 from aspen_cgi.http.body import BodyError
 from aspen_cgi.protocol import pktline, push, requests
 from aspen_cgi.protocol.pktline import ProtocolError
-from aspen_cgi import intake
+from aspen_cgi.push import intake
 
 from . import strategies as S
 from .model import Crash, Run, Session, Target, label

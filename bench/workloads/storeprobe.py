@@ -111,7 +111,7 @@ def stale_branch_figures(store, n: int, branch_ref: str, branch_sha: str, base_s
 
 def packs_dir(gitdir: Path) -> Path:
     """Where Aspen keeps GITDIR's version (and segment) packs."""
-    from aspen_cgi.statedir import state_dir
+    from aspen_cgi.runtime.statedir import state_dir
     return Path(state_dir(str(gitdir), dict(os.environ))) / "packs"
 
 
@@ -125,7 +125,7 @@ def _builder_running(pdir: Path) -> bool:
     except OSError:
         return False
     try:
-        from aspen_cgi.refstore.owners import owner_alive
+        from aspen_cgi.runtime.owners import owner_alive
     except Exception:
         return bool(locks)
     for lock in locks:

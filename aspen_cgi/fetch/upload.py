@@ -1,0 +1,631 @@
+"""The upload-pack service: Aspen writes the advertisements and ls-refs itself,
+parses every fetch into a FetchRequest, and answers it from stored version
+packs when the planner proves a plan (protocol v2, and v0/v1 rounds whose
+haves are all commits the ref store knows: version tips, or commits a
+version introduced, which a client walks back through). A round the planner
+cannot prove goes to git, open or `done`, so the negotiation is stock's own:
+answering open rounds with Aspen's acknowledgments (every have common, no
+`ready`) had clients send more rounds, and git's answer at their end was
+larger than stock's (random-fetch tiny: 9 of 100 fetches over 1.02x stock's
+bytes, the worst 1.19x; 4 and 1.08x without, with the same plan share).
+Every other request goes to git's own upload-pack as it came (exact stock
+semantics), the trace saying why.
+
+Each have's tips are looked up once per request, all haves in one query
+(the known-have check and the planner share them)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Iterable, Iterator, Mapping, Optional
+
+from .. import AGENT
+from ..git import gitexec
+from ..protocol import advertise as adv, pktline
+from ..protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
+from ..runtime.memo import Memo
+from ..http.message import HttpError
+from ..packs import background
+from ..git.reader import shallow_roots
+from ..model.refs import HiddenRefs, RefSnapshot
+from ..git.repoconfig import ConfigError, parse_bool
+from ..runtime.statedir import state_dir
+
+
+_ALLOW_TIP, _ALLOW_REACHABLE, _ALLOW_ANY = 1, 2, 4
+_ALLOW_BITS = {"uploadpack.allowtipsha1inwant": _ALLOW_TIP,
+               "uploadpack.allowreachablesha1inwant": _ALLOW_REACHABLE,
+               "uploadpack.allowanysha1inwant": _ALLOW_TIP | _ALLOW_REACHABLE | _ALLOW_ANY}
+
+
+def _allow_uor(config) -> int:
+    """upload_pack_config()'s allow_uor: each setting sets or clears its bits
+    in the order git reads them (allowAnySHA1InWant=false clears all three)."""
+    allow = 0
+    for key, value in config.entries:
+        bits = _ALLOW_BITS.get(key)
+        if bits is None:
+            continue
+        try:
+            on = parse_bool(value)
+        except ConfigError:
+            on = False
+        allow = (allow | bits) if on else (allow & ~bits)
+    return allow
+
+
+def _caps(ctx) -> adv.UploadCaps:
+    c = ctx.config
+    allow = _allow_uor(c)
+    unborn = (c.get("lsrefs.unborn") or "advertise").lower()
+    return adv.UploadCaps(
+        allow_tip=bool(allow & _ALLOW_TIP),
+        allow_reachable=bool(allow & _ALLOW_REACHABLE),
+        allow_filter=c.bool("uploadpack.allowfilter", False),
+        allow_ref_in_want=c.bool("uploadpack.allowrefinwant", False),
+        allow_sideband_all=c.bool("uploadpack.allowsidebandall", False) or os.environ.get("GIT_TEST_SIDEBAND_ALL") == "1",
+        packfile_uris=c.get("uploadpack.blobpackfileuri") is not None,
+        session_id=_session_id() if c.bool("transfer.advertisesid", False) else None,
+        unborn=unborn if unborn in ("advertise", "allow", "ignore") else "advertise",
+        agent=AGENT,
+        object_format=c.object_format,
+    )
+
+
+def _session_id() -> str:
+    import uuid  # imported only when asked: uuid costs a CGI start-up milliseconds
+    return f"aspen-{uuid.uuid4().hex}"
+
+
+def _hidden(ctx):
+    return HiddenRefs.from_config(ctx.config, "uploadpack").hidden
+
+
+def _not_our_ref(ctx, oid: str) -> Iterator[bytes]:
+    """Stock's answer to a want it refuses: one ERR pkt-line (after a 200)."""
+    ctx.trace.update(plan="refused", why="not-our-ref")
+    ctx.log.append(f"fatal: git upload-pack: not our ref {oid}\n")
+    return iter([pktline.encode(f"ERR upload-pack: not our ref {oid}")])
+
+
+def _check_allowed(ctx, req: FetchRequest) -> None:
+    """v2 fetch lines the configuration does not allow: git's upload-pack dies
+    on them after the headers went out (an empty 200); Aspen answers 400."""
+    from ..protocol.pktline import ProtocolError
+    caps = _caps(ctx)
+    if req.want_refs and not caps.allow_ref_in_want:
+        raise ProtocolError(f"unexpected line: 'want-ref {req.want_refs[0][:80]}'")
+    if req.filter is not None and not caps.allow_filter:
+        raise ProtocolError(f"unexpected line: 'filter {req.filter[:80]}'")
+    if req.sideband_all and not caps.allow_sideband_all:
+        raise ProtocolError("unexpected line: 'sideband-all'")
+
+
+def refused_want(ctx, req: FetchRequest) -> Optional[str]:
+    """The first want the client may not have, or None.
+
+    git's v2 upload-pack sends any object the repository holds (parse_want
+    checks only that it exists), and its v0 check over HTTP feeds non-commit
+    wants to `rev-list` without `--objects`, so a blob or tree only a hidden
+    ref reaches passes. When some refs are hidden from the client (hideRefs,
+    or refs outside its namespace) Aspen refuses, in v2, a commit that is not
+    visible ref's value and that the visible refs do not reach, as v0 does;
+    and in both versions an object only hidden refs reach. As in stock's
+    is_our_ref(), allowTipSHA1InWant makes hidden tips ours and
+    allowReachableSHA1InWant everything hidden refs reach; allowAnySHA1InWant
+    lifts the check. Objects the repository lacks are left to git."""
+    from ..git.reader import object_info
+    allow = _allow_uor(ctx.config)
+    if not req.wants or allow & _ALLOW_ANY:
+        return None
+    snap, hidden = _snapshot(ctx), _hidden(ctx)
+    whole = ctx.snapshot(None) if snap.namespace_prefix else snap
+    visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
+    if len(visible) == len(whole.refs):
+        return None
+    # stock's is_our_ref(): under allowTip or allowReachable a hidden ref (inside the namespace) counts as ours
+    counted = list(snap.refs) if allow & _ALLOW_REACHABLE else visible
+    ours = {r.oid for r in visible} | {r.peeled for r in visible if r.peeled}
+    if snap.head is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
+        ours.add(snap.head.oid)
+    if allow & (_ALLOW_TIP | _ALLOW_REACHABLE):
+        ours |= {r.oid for r in snap.refs}
+    rest = [w for w in dict.fromkeys(req.wants) if w not in ours]
+    if not rest:
+        return None
+    kinds = object_info(ctx.gitdir, ctx.env, rest)
+    commits = [w for w in rest if kinds.get(w, ("missing",))[0] == "commit"]
+    others = [w for w in rest if kinds.get(w, ("missing",))[0] not in ("commit", "missing")]
+    visible_tips = sorted({r.oid for r in counted})
+    if others:
+        hidden_tips = sorted({r.oid for r in whole.refs} - set(visible_tips))
+        res = gitexec.git(["rev-list", "--objects", "--stdin"], cwd=ctx.gitdir, env=ctx.env,
+                          input="".join(f"{t}\n" for t in hidden_tips).encode()
+                          + "".join(f"^{t}\n" for t in visible_tips).encode())
+        only_hidden = {line.split(" ", 1)[0] for line in res.stdout.decode().splitlines()} if res.ok else set(others)
+        refused = next((w for w in others if w in only_hidden), None)
+        if refused is not None:
+            return refused
+    if req.version != 2 or not commits:
+        return None
+    kinds = object_info(ctx.gitdir, ctx.env, sorted({r.peeled or r.oid for r in counted}))
+    tips = [t for t, (kind, _) in kinds.items() if kind == "commit"]
+    res = gitexec.git(["rev-list", "--stdin"], cwd=ctx.gitdir, env=ctx.env,
+                      input="".join(f"{c}\n" for c in commits).encode() + "".join(f"^{t}\n" for t in tips).encode())
+    unreachable = set(res.stdout.decode().split()) if res.ok else set(commits)
+    return next((c for c in commits if c in unreachable), None)
+
+
+def _snapshot(ctx) -> RefSnapshot:
+    return ctx.snapshot(ctx.namespace)
+
+
+_memo = Memo()
+
+
+def _replayable(ctx) -> bool:
+    """Whether http/replay.py may record this answer: the same request, refs and
+    files give the same bytes (not with included configuration files, whose
+    names and times are not among the inputs it watches)."""
+    return not ctx.config.includes
+
+
+def advertise(ctx) -> Iterator[bytes]:
+    caps = _caps(ctx)
+    ctx.trace["replayable"] = _replayable(ctx) and caps.session_id is None
+    if ctx.protocol_version == 2:
+        return adv.v2_capabilities(caps)
+    snap, hidden, shallow = _snapshot(ctx), HiddenRefs.from_config(ctx.config, "uploadpack"), shallow_roots(ctx.gitdir)
+    key = ("v0", caps, hidden.patterns, tuple(shallow), ctx.protocol_version)
+    return iter([_memo.get(snap, key, lambda: b"".join(
+        adv.upload_v0(snap, caps, hidden.hidden, shallow, ctx.protocol_version)))])
+
+
+def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
+    """The ls-refs answer as one block (one write, not one per ref)."""
+    snap = _snapshot(ctx)
+    ctx.trace["replayable"] = _replayable(ctx)
+    key = ("ls-refs", req.peel, req.symrefs, req.unborn, tuple(req.prefixes), _caps(ctx).unborn,
+           HiddenRefs.from_config(ctx.config, "uploadpack").patterns)
+    return iter([_memo.get(snap, key, lambda: b"".join(_ls_refs_lines(ctx, req, snap)))])
+
+
+def _ls_refs_lines(ctx, req: LsRefsRequest, snap: RefSnapshot) -> Iterator[bytes]:
+    hidden = _hidden(ctx)
+    unborn = req.unborn and _caps(ctx).unborn != "ignore"
+    prefixes = req.prefixes or [""]
+    ns = snap.namespace_prefix
+
+    def line(name: str, oid, symref, peeled) -> bytes:
+        text = f"{oid} {name}" if oid else f"unborn {name}"
+        if req.symrefs and symref:
+            text += f" symref-target:{symref}"
+        if req.peel and oid and peeled:
+            text += f" peeled:{peeled}"
+        return pktline.encode((text + "\n").encode("utf-8", "surrogateescape"))
+
+    def wanted(name: str) -> bool:
+        return not hidden(name, ns + name) and any(name.startswith(p) for p in prefixes)
+
+    head = snap.head
+    if head is not None and wanted("HEAD"):
+        yield line("HEAD", head.oid, head.symref_target, head.peeled)
+    elif head is None and snap.head_target is not None and unborn and req.symrefs and wanted("HEAD"):
+        yield line("HEAD", None, snap.head_target, None)
+    if ns and head is not None and wanted("HEAD"):
+        # stock lists a namespace's HEAD twice: once as HEAD, once as the ref
+        # refs/namespaces/<ns>/HEAD met while walking the namespace.
+        yield line("HEAD", head.oid, head.symref_target, head.peeled)
+    for ref in snap.refs:
+        if wanted(ref.name):
+            yield line(ref.name, ref.oid, ref.symref_target, ref.peeled)
+    yield pktline.FLUSH
+
+
+def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Iterable[bytes]:
+    """The fallback responder: git's upload-pack, stateless, with the request
+    as it came, once admission control gives it a slot (503 past the queue).
+    Always git's plain upload-pack, depth-1 clones too: their wider pack
+    (packhook) is built in the background for later clients (cache/depth1.py),
+    never while a client waits."""
+    from ..runtime import admission
+    try:
+        slot = admission.acquire(admission.limits(ctx.env), ctx.gitdir)
+    except admission.Overloaded as e:
+        ctx.trace["cache"] = "overloaded"
+        raise HttpError(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
+                        extra=[("Retry-After", str(e.retry_after))],
+                        body=b"Too many requests are waiting; retry later.\n") from None
+    if slot.waited_s:
+        ctx.trace["queued_ms"] = round(slot.waited_s * 1000)
+    args = ["upload-pack", "--stateless-rpc", "."]
+    if req is not None and req.haves and not ctx.config.has("pack.threads"):
+        # git's threaded delta search splits the objects between threads, and steals
+        # work, differently from run to run: one lagging-clients request got 12,586
+        # bytes every time from one thread, 12,586 or 17,132 from two. A fetch with
+        # haves is small; one thread answers it as stock usually does, every time.
+        args = ["-c", "pack.threads=1", *args]
+    try:
+        stream = gitexec.git_stream(args, cwd=ctx.gitdir, env=ctx.env, input=data)
+    except BaseException:
+        slot.release()
+        raise
+    return _Admitted(stream, slot)
+
+
+class _Admitted:
+    """git's output stream, holding its admission slot until it ends."""
+
+    def __init__(self, stream: gitexec.Stream, slot):
+        self.stream = stream
+        self.slot = slot
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self.stream
+        finally:
+            self.slot.release()
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.stream.returncode
+
+    def close(self) -> None:
+        self.stream.close()
+        self.slot.release()
+
+
+def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
+    """The answer through the response cache (hit, shared, cold), or computed
+    here when the cache is off.
+
+    A depth-1 clone (packhook.wants_wide_pack) that misses is answered by
+    git's plain upload-pack (`depth1=stock`), and its wide answer is built in
+    the background for the requests after (cache/depth1.py); later hits get
+    whichever the entry holds (`depth1=wide` once built). Pre-warm (no
+    client waits) builds the wide answer at once."""
+    from . import packobjectshook as packhook
+    from ..cache import responses
+    depth1 = packhook.wants_wide_pack(req, ctx.env)
+    sdir = state_dir(ctx.gitdir, ctx.env)
+    if depth1:
+        ctx.trace["depth1"] = "stock"
+        from . import depth1 as wide, prewarm
+        if not wide.no_client(ctx.env):
+            prewarm.note_demand(sdir)
+    settings = responses.settings(sdir, ctx.env)
+    if settings is None:
+        return compute(ctx, req, data)
+    key = _cache_key(ctx, data)
+    interim = None
+    if depth1:
+        job = wide.Job(settings, key.name, key.version, ctx.gitdir, dict(ctx.env), data)
+        interim = lambda: wide.kick(job, background.IN_PROCESS)      # noqa: E731
+        if wide.no_client(ctx.env) and not wide.done(job):
+            ctx.trace.update(cache="prewarm", depth1="wide")
+            return _prewarmed(ctx, wide.build(job, wait=True, log=ctx.log.append),
+                              lambda: _cached(ctx, settings, responses.answer(
+                                  settings, key, lambda: compute(ctx, req, data), ctx.log, interim)))
+    return _cached(ctx, settings, responses.answer(settings, key, lambda: compute(ctx, req, data), ctx.log, interim))
+
+
+def _cached(ctx, settings, answer) -> Iterable[bytes]:
+    from ..cache import responses
+    ctx.trace["cache"] = answer.mark
+    if isinstance(answer.body, responses.EntryFile):
+        from ..cache.entries import DEPTH1_LABELS, DEPTH1_STOCK
+        from ..http.dumb import FileBody
+        if answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK and _replayable(ctx):
+            # http/replay.py: the same request, refs and settings get this entry again
+            effects = responses.replay_effects(settings, answer.body)
+            if "depth1" in ctx.trace:
+                from . import prewarm
+                effects.append(prewarm.demand_effect(state_dir(ctx.gitdir, ctx.env)))
+            ctx.trace.update(replayable=True, replay_file=responses.entry_span(answer.body), replay_effects=effects)
+        if "depth1" in ctx.trace:           # what the entry holds (an entry older than the marks: unknown)
+            label = DEPTH1_LABELS.get(answer.body.depth1)
+            if label:
+                ctx.trace["depth1"] = label
+            else:
+                del ctx.trace["depth1"]
+        return FileBody(answer.body.file, answer.body.length)
+    return answer.body
+
+
+def _prewarmed(ctx, built: Iterator[bytes], otherwise) -> Iterator[bytes]:
+    """Pre-warm's answer: the wide one as it is built; when another build had
+    it (nothing came), the answer a client would get now (a hit)."""
+    sent = 0
+    try:
+        for chunk in built:
+            sent += len(chunk)
+            yield chunk
+    finally:
+        built.close()
+    if not sent:
+        body = otherwise()
+        try:
+            yield from body
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+
+def _cache_key(ctx, data: bytes):
+    from ..cache.key import fetch_key
+    store = ctx.refstore()
+    snap = _snapshot(ctx)
+    refs_digest = _memo.get(snap, ("digest",), lambda: _digest(snap)).decode()
+    extra = [f"{k}={v}" for k, v in sorted(ctx.env.items())
+             if k.startswith("GIT_CONFIG") or k == "GIT_TEST_SIDEBAND_ALL"]
+    return fetch_key(ctx.gitdir, store.version if store is not None else 0, refs_digest, ctx.protocol_version,
+                     ctx.namespace, ctx.config.entries, shallow_roots(ctx.gitdir), extra, data)
+
+
+def _digest(snap: RefSnapshot) -> bytes:
+    import hashlib
+    h = hashlib.sha256(repr((snap.head, snap.head_target, snap.namespace_prefix)).encode())
+    for r in snap.refs:
+        h.update(f"{r.name}\0{r.oid}\0{r.peeled}\0{r.symref_target}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest().encode()
+
+
+def compute(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
+    """A planned answer from stored packs when the planner proves one, else git's."""
+    planned = _planned(ctx, req)
+    if planned is not None:
+        return planned
+    return git_upload_pack(ctx, data, req)
+
+
+def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
+    """Aspen's answer, or None for git's. v2: fetches without want-ref,
+    packfile-uris, wait-for-done or sideband-all; a plan proved from a
+    round's haves ends the negotiation there (`ready`). v0/v1: one stateless
+    round whose haves are all version tips (see `_v0_reason`). Everything
+    else, and every round the store cannot prove, is git's (the trace says
+    why)."""
+    ctx.trace["protocol"] = ctx.protocol_version
+    why = _request_reason(ctx, req)
+    store = ctx.refstore() if why is None else None
+    if why is None:
+        # before any work over the refs: the common case without version packs
+        why = "no-store" if store is None else None if background.await_built(ctx.gitdir, store, ctx.env) \
+            else "not-built"
+    if why is not None:
+        return _fallback(ctx, why)
+    from ..planner.plan import Fallback
+    from .history import StoreHistory
+    history = StoreHistory(store)
+    # haves that are no version's ref value must be commits a version introduced (ancestors
+    # a client walks back through) to be known common, as stock acknowledges them
+    unknown = [h for h, t in history.tips_many(req.haves).items() if not t.tips]
+    known = all(history.introduced_by(h) for h in unknown)
+    if ctx.protocol_version != 2 and not known:
+        return _fallback(ctx, "unknown-have")
+    result = _plan(ctx, req, history)
+    if isinstance(result, Fallback) and result.candidate is not None:
+        result = _checked(ctx, req, store, history, result)
+    elif not isinstance(result, Fallback) and result.holders and not req.done \
+            and not _stock_ends(ctx, req, history, _annotated_tags(ctx, _snapshot(ctx))):
+        return _fallback(ctx, "open-round-holders")
+    if isinstance(result, Fallback):
+        if result.detail:
+            ctx.trace["unproved"] = result.detail
+        return _fallback(ctx, result.reason)
+    splice = _prepare(ctx, store, result, history.indexes)
+    if splice is None:
+        return None
+    splice, result = _span(ctx, store, history, result, splice)
+    if splice is None:
+        return None
+    ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
+    from . import planned as responder
+    if ctx.protocol_version == 2:
+        return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"),
+                                     ready=not req.done)
+    return _v0_response(ctx, req, splice, result)
+
+
+def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
+    why = req.needs_fallback_reason
+    if why is not None:
+        return why
+    if shallow_roots(ctx.gitdir):
+        return "shallow-repository"     # its answers carry shallow lines; stored packs know none
+    if ctx.protocol_version != 2:
+        return _v0_reason(req)
+    if req.want_refs or req.packfile_uris or req.wait_for_done:
+        return "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
+    if req.sideband_all:
+        return "sideband-all"           # every section framed on band 1, or refused when not allowed: git's
+    return None
+
+
+def _v0_reason(req: FetchRequest) -> Optional[str]:
+    """Aspen answers one stateless round: haves then `done`, or haves then a
+    flush answered `ready` (multi_ack_detailed, the only mode whose ACKs
+    Aspen writes; a clone without haves needs none)."""
+    if req.rounds != 1:
+        return "rounds"
+    if req.later_capabilities:
+        return "later-capabilities"
+    if req.haves and not req.has_capability("multi_ack_detailed"):
+        return "no-multi-ack-detailed"
+    if not req.haves and not req.done:
+        return "empty-round"
+    return None
+
+
+def _fallback(ctx, why: str) -> None:
+    ctx.trace.update(plan="fallback", why=why)
+    return None
+
+
+def _plan(ctx, req: FetchRequest, history):
+    from ..packs.packfile import PackError
+    from ..planner.plan import Fallback, plan
+    snap, hidden = _snapshot(ctx), _hidden(ctx)
+    visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
+    advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
+    t0 = time.perf_counter()
+    try:
+        result = plan(req, history, advertised, _annotated_tags(ctx, snap), _visibility(ctx, snap),
+                      frozenset(r.oid for r in snap.refs if r.peeled))
+    except (PackError, OSError) as e:
+        ctx.log.append(f"aspen: stored pack index unusable ({e}); git answers\n")
+        result = Fallback("pack-error")
+    micros = (time.perf_counter() - t0) * 1e6
+    ctx.trace.update(plan_us=round(micros), visits=f"{result.versions_visited}+{result.segments_visited}",
+                     versions_visited=result.versions_visited, segments_visited=result.segments_visited,
+                     lookups=result.lookups)
+    return result
+
+
+def _stock_ends(ctx, req: FetchRequest, history, tags: Mapping[str, str]) -> bool:
+    """Whether stock would end the negotiation in this open round (plancheck).
+    A plan that needs versions only to hold commits it could not prove held
+    is sent in an open round only then: the client has not listed all it
+    has, and may hold those versions' objects (git.git's stale-branch: a
+    client current on trunk whose first round of haves was older tagged
+    commits was sent 10 trunk pushes again, 3.69x stock's bytes)."""
+    from . import plancheck
+    t0 = time.perf_counter()
+    ready = plancheck.may_be_ready(history, req.wants, req.haves, tags)
+    by = "store"
+    if ready:
+        ready = plancheck.store_ready(history, req.wants, req.haves, tags)
+        if ready is None:
+            ready, by = plancheck.stock_ready(ctx.gitdir, ctx.env, req.wants, req.haves, tags), "git"
+    ctx.trace.update(checked="ready" if ready else "not-ready", ready_by=by,
+                     check_us=round((time.perf_counter() - t0) * 1e6))
+    return ready
+
+
+def _checked(ctx, req: FetchRequest, store, history, refused):
+    """The refused plan's candidate when git's object walk for the request
+    lists every object of its packs and stock would pack that walk in this
+    round (plancheck.py), else the fallback. In a round without `done`,
+    stock's readiness is settled first (the store's recorded parents, then
+    git's commits): the candidate is walked only for a round stock ends (its
+    walk counts as planning time)."""
+    from . import plancheck
+    t0 = time.perf_counter()
+    tags = _annotated_tags(ctx, _snapshot(ctx))
+    if not req.done and not _stock_ends(ctx, req, history, tags):
+        return refused
+    t1 = time.perf_counter()
+    candidate = refused.candidate.plan()
+    walked = time.perf_counter() - t1
+    ctx.trace["plan_us"] = ctx.trace.get("plan_us", 0) + round(walked * 1e6)
+    if candidate is None:
+        return refused
+    verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, candidate.packs, req.wants, req.haves, tags,
+                              req.has_capability("include-tag"), history.indexes)
+    ctx.trace.update(checked=verdict.why or "ok",
+                     check_us=round((time.perf_counter() - t0 - walked) * 1e6))
+    return candidate if verdict.ok else refused
+
+
+def _visibility(ctx, snap: RefSnapshot):
+    """None when the client may see every ref of the repository; else the
+    test of a stored (full) ref name: inside the namespace and not hidden."""
+    hidden = HiddenRefs.from_config(ctx.config, "uploadpack")
+    prefix = snap.namespace_prefix
+    if not prefix and not hidden:
+        return None
+
+    def visible(full: str) -> bool:
+        if not full.startswith(prefix):
+            return False
+        return not hidden.hidden(full[len(prefix):], full)
+    return visible
+
+
+def _annotated_tags(ctx, snap: RefSnapshot) -> dict[str, str]:
+    """What git's include-tag looks at: every annotated refs/tags/* ref of the
+    repository, hidden or not, outside any namespace -> its peeled object."""
+    if snap.namespace_prefix:
+        snap = ctx.snapshot(None)
+    return {r.oid: r.peeled for r in snap.refs if r.peeled and r.name.startswith("refs/tags/")}
+
+
+def _span(ctx, store, history, result, splice):
+    """The plan's splice, or one span pack over the same objects when that is
+    smaller (packs/spanpack.py): (splice, plan) to send; (None, plan) when a
+    pack became unusable meanwhile (git answers)."""
+    from dataclasses import replace
+    from ..packs import spanpack
+    if not spanpack.worth(result.thin, result.packs, splice.size):
+        return splice, result
+    k = spanpack.key(result.packs)
+    name = spanpack.recorded(store.packs_dir, k)
+    if name is None:
+        values = [x for v in result.versions for x in history.version_values(v)]
+        built = spanpack.make(ctx.gitdir, ctx.env, store.packs_dir, values, result.held, splice.size)
+        name = built.name if built is not None else spanpack.SPLICE
+        spanpack.record(store.packs_dir, k, name)
+        ctx.trace["span"] = "built" if name != spanpack.SPLICE else "spliced"
+    else:
+        ctx.trace["span"] = "kept" if name != spanpack.SPLICE else "spliced"
+    if name == spanpack.SPLICE:
+        return splice, result
+    splice.close()
+    one = replace(result, versions=(result.versions[-1],), packs=(name,), thin=(True,),
+                  firsts=(result.firsts[0] if result.firsts else result.versions[0],))
+    return _prepare(ctx, store, one), one
+
+
+def _prepare(ctx, store, result, indexes=None):
+    """The plan's packs opened and checked, or None (git answers) when they are unusable."""
+    from ..model.objectid import id_bytes
+    from ..packs.packfile import PackError
+    from . import planned as responder
+    try:
+        return responder.prepare(store.packs_dir, result, indexes,
+                                 id_bytes(ctx.config.object_format))
+    except (PackError, OSError) as e:
+        ctx.log.append(f"aspen: stored packs unusable ({e}); git answers\n")
+        return _fallback(ctx, "pack-error")
+
+
+def _v0_response(ctx, req: FetchRequest, splice, result) -> Iterator[bytes]:
+    """The ACK/NAK lines of the round, then the pack unless the round ended
+    `ready` without no-done (the client says `done` next and is planned again)."""
+    from . import planned as responder
+    acks, pack_follows = responder.v0_acks(req.haves, req.done, req.has_capability("no-done"))
+    ctx.trace["why"] = "done" if req.done else "no-done" if pack_follows else "ready"
+    if not pack_follows:
+        splice.close()
+        ctx.trace["objects"] = 0
+        return iter([acks])
+    sideband = (responder.BAND_DATA if req.has_capability("side-band-64k")
+                else responder.SIDEBAND_DATA if req.has_capability("side-band") else 0)
+    pack = responder.v0_pack(splice, result, sideband, progress=not req.has_capability("no-progress"))
+    return itertools.chain([acks], pack)
+
+
+def serve(ctx, data: bytes) -> Iterable[bytes]:
+    if ctx.protocol_version == 2:
+        req = parse_v2(data)
+        if req is None:
+            return iter(())
+        if isinstance(req, LsRefsRequest):
+            return ls_refs(ctx, req)
+        if isinstance(req, OtherCommand):
+            return git_upload_pack(ctx, data)
+        _check_allowed(ctx, req)
+        refused = refused_want(ctx, req)
+        if refused is not None:
+            return _not_our_ref(ctx, refused)
+        return respond(ctx, req, data)
+    req = parse_v0(data)
+    if not req.wants:
+        return iter(())
+    refused = refused_want(ctx, req)
+    if refused is not None:
+        return _not_our_ref(ctx, refused)
+    return respond(ctx, req, data)

@@ -1,0 +1,1 @@
+"""The receive-pack service: commands, pack intake, checks, hooks, ref updates, report."""
