@@ -80,8 +80,8 @@ def _read_small(n: int) -> bytes:
 def _refused(error: Exception) -> int:
     """A 500 for a request whose settings cannot be parsed: what is wrong in
     the server's log, a short body that names nothing."""
-    from .http.headers import NOCACHE
-    from .settings import REFUSED_BODY
+    from .http.headers import NOCACHE  # startup
+    from .settings import REFUSED_BODY  # startup
     sys.stderr.write(f"{error}\n")
     head = "Status: 500 Internal Server Error\r\n" + "".join(f"{k}: {v}\r\n" for k, v in NOCACHE)
     head += f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(REFUSED_BODY)}\r\n\r\n"
@@ -92,11 +92,11 @@ def _refused(error: Exception) -> int:
 
 def _replayed(env, body: bytes, started: float, config) -> bool:
     """Send the recorded answer to this request (http/replay.py), if there is one."""
-    from .http import replay
+    from .http import replay  # startup
     hit = replay.lookup(env, body)
     if hit is None:
         return False
-    from .http.limits import Limits
+    from .http.limits import Limits  # startup
     limits = Limits.from_env(env, started)
     trace = dict(hit.trace, replayed=1)
     try:
@@ -124,9 +124,9 @@ def _replayed(env, body: bytes, started: float, config) -> bool:
         trace["ended"] = "entry-gone"
     hit.apply_effects()
     if config.metrics:
-        from .runtime import metrics
+        from .runtime import metrics  # startup
         metrics.count(metrics.prepare(env), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
-    from .http.accesslog import line
+    from .http.accesslog import line  # startup
     if config.access_log:
         sys.stderr.write(line(env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""), 200, hit.length,
                               started, trace))
@@ -137,19 +137,19 @@ def main() -> int:
     started = time.monotonic()
     started_ns = time.time_ns()
     env = dict(os.environ)
-    from . import settings
+    from . import settings  # startup
     try:
         config = settings.of(env)
     except settings.SettingsError as e:
         return _refused(e)
-    from .http.replay import kind as replay_kind
+    from .http.replay import kind as replay_kind  # startup
     kind = replay_kind(env)
     prefix = _read_small(int(env["CONTENT_LENGTH"])) if kind == "post" else b""
     if kind is not None and _replayed(env, prefix, started, config):
         return 0
     flight = None
     if kind is not None:
-        from .http.replay import Flight, is_listing
+        from .http.replay import Flight, is_listing  # startup
         if is_listing(kind, prefix):
             flight = Flight.begin(env, prefix)
             if flight is not None and not flight.leader and _replayed(env, prefix, started, config):
@@ -162,11 +162,11 @@ def main() -> int:
 
 
 def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, config) -> int:
-    from .http.replay import MAX_ANSWER
-    from .http.accesslog import Counted, write_messages
-    from .http.backend import handle
-    from .http.limits import Limits
-    from .http.message import Request
+    from .http.replay import MAX_ANSWER  # startup
+    from .http.accesslog import Counted, write_messages  # startup
+    from .http.backend import handle  # startup
+    from .http.limits import Limits  # startup
+    from .http.message import Request  # startup
 
     limits = Limits.from_env(env, started)
     body_in = Prefixed(prefix, PipeInput(0, limits)) if prefix else PipeInput(0, limits)
@@ -200,7 +200,7 @@ def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, c
     finally:
         body.close()
     if recordable and "ended" not in resp.trace and (kept is not None or "replay_file" in resp.trace):
-        from .http import replay
+        from .http import replay  # startup
         replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace, started_ns)
     return 0
 

@@ -18,13 +18,13 @@ from . import __version__
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from .devserver import serve
+    from .devserver import serve  # startup
     return serve(args.dir, args.host, args.port, args.workers, allow_push=not args.no_push)
 
 
 def _open(repo: str):
     """The store of REPO (a bare repository or a work tree's .git), synced with the disk."""
-    from .refstore.store import RefStore
+    from .refstore.store import RefStore  # startup
     gitdir = repo
     if not os.path.isfile(os.path.join(gitdir, "HEAD")) and os.path.isdir(os.path.join(repo, ".git")):
         gitdir = os.path.join(repo, ".git")
@@ -36,7 +36,7 @@ def _open(repo: str):
     store = RefStore.open(gitdir, env)
     if store is None:
         raise SystemExit(f"aspen: cannot keep a ref store for {repo} (read-only? set ASPEN_STATE_DIR)")
-    from .refstore import db
+    from .refstore import db  # startup
     try:
         store.sync()
     except db.Unstorable as e:
@@ -107,7 +107,7 @@ def _cmd_log(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     store = _open(args.repo)
-    from .runtime.progress import Spinner
+    from .runtime.progress import Spinner  # startup
     with Spinner("verifying", enabled=not args.quiet) as spin:
         rep = store.verify(progress=spin.step)
     if args.json:
@@ -136,7 +136,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
         return _import_background(args)
     if args.all:
         return _import_all(args)
-    from .runtime.progress import Bar
+    from .runtime.progress import Bar  # startup
     store = _open(args.repo)
     bars: dict[str, Bar] = {}
 
@@ -171,7 +171,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace, nice: int = 0, threads: int = 0):
-    from .packs.versionpack import DeltaSearch
+    from .packs.versionpack import DeltaSearch  # startup
     return DeltaSearch(args.window, args.depth, args.compression, reuse_deltas=args.reuse_deltas,
                        threads=args.threads or threads, nice=nice)
 
@@ -190,8 +190,8 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
     is waited for (SAY tells its pid) and whatever it left is built after it.
     The merged BuildReport: `busy` only without WAIT, `gone` when the
     repository went."""
-    from .runtime.admission import BUILDS_ENV
-    from .packs import background
+    from .runtime.admission import BUILDS_ENV  # startup
+    from .packs import background  # startup
     total = background.BuildReport()
     told: set = set()
 
@@ -217,8 +217,8 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
 
 def _wait_free(lock: str, owner) -> None:
     """Until LOCK is no longer OWNER's, or OWNER died."""
-    from .packs.background import _holder
-    from .runtime.owners import owner_alive
+    from .packs.background import _holder  # startup
+    from .runtime.owners import owner_alive  # startup
     pause = 0.05
     while _holder(lock) == owner and owner_alive(owner):
         time.sleep(pause)
@@ -229,9 +229,10 @@ def _import_background(args: argparse.Namespace) -> int:
     """What a push starts under CGI (packs/background.py): niced, one
     pack-objects thread, gone at once when another builder runs, and quietly
     when the repository goes (leaving nothing behind)."""
-    from .packs import background
-    from .runtime.statedir import state_dir
-    from .runtime.repoguard import RepoGuard, RepositoryGone, open_store
+    from .packs import background  # startup
+    from .runtime.statedir import state_dir  # startup
+    from .refstore.guarded import open_store  # startup
+    from .runtime.repoguard import RepoGuard, RepositoryGone  # startup
     try:
         os.nice(background.NICE)
     except OSError:
@@ -282,8 +283,8 @@ def repositories(root: str) -> list[str]:
 
 
 def _import_all(args: argparse.Namespace) -> int:
-    import threading
-    from .runtime.progress import Bar
+    import threading  # startup
+    from .runtime.progress import Bar  # startup
     root = os.path.abspath(args.repo)
     if not os.path.isdir(root):
         raise SystemExit(f"aspen: not a directory: {args.repo}")
@@ -366,7 +367,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
 def _depth1_entries(items) -> dict[str, int]:
     """Depth-1 clones' entries by what they hold: git's answer (stock, the wide
     one being built), the wide one, or git's kept for good."""
-    from .cache.entries import DEPTH1_LABELS, depth1_of
+    from .cache.entries import DEPTH1_LABELS, depth1_of  # startup
     counts = {label: 0 for label in DEPTH1_LABELS.values()}
     for e in items:
         label = DEPTH1_LABELS.get(depth1_of(e.path) or 0)
@@ -376,9 +377,9 @@ def _depth1_entries(items) -> dict[str, int]:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from .runtime import admission
-    from .cache import evict, responses, stats
-    from .runtime.statedir import state_dir
+    from .runtime import admission  # startup
+    from .cache import evict, responses, stats  # startup
+    from .runtime.statedir import state_dir  # startup
     if not args.repo and not args.server:
         raise SystemExit("aspen stats: name a repository, or --server for the server's metrics")
     rows = []
@@ -405,8 +406,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     values = None
     if args.server:
-        from .runtime import metrics
-        values = metrics.snapshot(os.environ)
+        from .runtime import metrics  # startup
+        from .http import metricspage  # startup
+        values = metricspage.snapshot(os.environ)
         server.update({"metrics_dir": metrics.directory(os.environ), "metrics": metrics.families(values)})
     if args.json:
         print(json.dumps({"repositories": rows, "server": server}, indent=2))
@@ -434,7 +436,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _print_metrics(where: str, values: dict) -> None:
     """The server's metrics, family by family: the numbers GET /_aspen/metrics serves."""
-    from .runtime import metrics
+    from .runtime import metrics  # startup
     counted = [k for k in values if metrics.family(k) in metrics.COUNTERS and values[k]]
     print(f"server metrics ({where}):")
     if not counted:
@@ -575,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from . import settings
+    from . import settings  # startup
     try:
         settings.of(os.environ)       # every command reads them: a bad one stops it before it starts
     except settings.SettingsError as e:
@@ -583,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rc = args.func(args)
     if args.command == "import" and _RECORDED:
-        from .fetch.depth1 import after_import
+        from .fetch.prewarm import after_import  # startup
         after_import(_RECORDED, dict(os.environ))     # their first depth-1 clones, before anyone asks
     return rc
 

@@ -36,7 +36,7 @@ def _free_port(host: str) -> int:
 
 
 def serve(root: str, host: str, port: int, workers: int, allow_push: bool = True) -> int:
-    from gunicorn.app.base import BaseApplication
+    from gunicorn.app.base import BaseApplication  # startup
 
     root = os.path.abspath(root)
     os.makedirs(root, exist_ok=True)
@@ -54,7 +54,7 @@ def serve(root: str, host: str, port: int, workers: int, allow_push: bool = True
         os.environ["GIT_CONFIG_COUNT"] = str(n + 1)
     if port == 0:
         port = _free_port(host)
-    from .wsgi import application
+    from .wsgi import application  # startup
 
     class Dev(BaseApplication):
         def load_config(self):

@@ -156,11 +156,11 @@ TABLE = (
 # starts. Kept out of docs/settings.md and never parsed here.
 INTERNAL = (
     ("ASPEN_GIT", "tests: the git program to run (read once, from the process environment)"),
-    ("ASPEN_FAULT", "tests: the fault point at which a writer kills itself (refstore/owners.py)"),
+    ("ASPEN_FAULT", "tests: the fault point at which a writer kills itself (runtime/owners.py)"),
     ("ASPEN_FAULT_ONCE", "tests: only while this file exists (removed first)"),
-    ("ASPEN_NO_CLIENT", "pre-warm's requests: nobody waits for the answer (cache/depth1.py)"),
-    ("ASPEN_PREWARM_GITDIR", "the repository a detached pre-warmer warms (cache/prewarm.py)"),
-    ("ASPEN_DEPTH1_GITDIR", "a detached depth-1 build's repository (cache/depth1.py)"),
+    ("ASPEN_NO_CLIENT", "pre-warm's requests: nobody waits for the answer (fetch/depth1.py)"),
+    ("ASPEN_PREWARM_GITDIR", "the repository a detached pre-warmer warms (fetch/prewarm.py)"),
+    ("ASPEN_DEPTH1_GITDIR", "a detached depth-1 build's repository (fetch/depth1.py)"),
     ("ASPEN_DEPTH1_NAME", "a detached depth-1 build's cache entry"),
     ("ASPEN_DEPTH1_VERSION", "a detached depth-1 build's ref-store version"),
     ("ASPEN_DEPTH1_REQUEST", "a detached depth-1 build's request file"),

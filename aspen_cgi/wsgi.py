@@ -34,6 +34,17 @@ from .http.limits import Limits
 from .http.message import Request
 from .http.watchdog import WATCHDOG
 from .packs import background
+import gc
+import uuid
+from .push import receive
+from .fetch import planned as responder, upload
+from .fetch import depth1, prewarm
+from .cache import responses
+from .packs import spanpack, splice
+from .planner import plan
+from .push.flow import Push
+from .fetch import history
+from dulwich import object_store
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
 
@@ -51,17 +62,6 @@ def _settle() -> None:
     out of the collector's reach (gc.freeze). Otherwise every full collection
     walks it with the GIL held: pauses of up to 25 ms were measured in the
     middle of planning (random-fetch, small preset)."""
-    import gc
-    import uuid  # noqa: F401
-    from .push import receive
-    from .fetch import planned as responder, upload  # noqa: F401
-    from .fetch import depth1, prewarm
-    from .cache import responses  # noqa: F401
-    from .packs import spanpack, splice  # noqa: F401
-    from .planner import plan  # noqa: F401
-    from .push.flow import Push  # noqa: F401
-    from .fetch import history  # noqa: F401
-    from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
     gc.collect()
     gc.freeze()
 

@@ -199,7 +199,7 @@ PROGRESS_LINE = re.compile(rb"(?P<title>[A-Z][A-Za-z ]*[a-z]): +(?:\d+|\d+% \(\d
 # pack-objects' last line
 TOTAL_LINE = re.compile(rb"Total (?P<objects>\d+) \(delta \d+\)(?:, reused \d+ \(delta \d+\))?"
                         rb"(?:, pack-reused \d+)?")
-# the one line Aspen writes instead when it answers from stored packs (responder.py)
+# the one line Aspen writes instead when it answers from stored packs (fetch/planned.py)
 ASPEN_LINE = re.compile(rb"Aspen: \d+ stored packs, (?P<objects>\d+) objects, \d+\.\d MiB")
 # Meters git starts with start_delayed_progress(): shown only once the work has
 # taken 2 s, so whether they appear at all is timing (rev-list --progress, the

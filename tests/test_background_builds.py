@@ -33,7 +33,7 @@ from typing import Optional
 
 import pytest
 
-from aspen_cgi.packs import background
+from aspen_cgi.packs import background, builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -96,7 +96,7 @@ def in_thread(fn):
 def fully_built(repo: Path, env: dict) -> bool:
     def look() -> bool:
         store = RefStore.open(str(repo), dict(env, GIT_DIR=str(repo)), create=False)
-        return store is not None and store.all_packs_built() and not store.segments_to_build()
+        return store is not None and store.all_packs_built() and not builder.segments_to_build(store)
     return in_thread(look)
 
 
@@ -303,7 +303,7 @@ def test_rm_rf_right_after_a_cgi_push_or_fetch_leaves_nothing(tmp_path, cgi_serv
 
 
 def _depth1_builds(path: Path) -> list[Proc]:
-    """Detached wide depth-1 builds (cache/depth1.py) of the repository at PATH."""
+    """Detached wide depth-1 builds (fetch/depth1.py) of the repository at PATH."""
     names = {f"ASPEN_DEPTH1_GITDIR={p}".encode() for p in (str(path), os.path.realpath(path))}
     return [x for x in processes() if x.pid != os.getpid() and x.state not in ("Z", "X")
             and names & set(_environ(x.pid).split(b"\0"))]

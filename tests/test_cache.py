@@ -476,17 +476,18 @@ def test_prewarm_only_where_depth1_clones_were_asked_for(root, server_factory, t
     """A push starts a pre-warmer only once a client asked for a depth-1 clone
     within ASPEN_PREWARM_DEMAND_S: a full clone is no such demand."""
     from aspen_cgi.fetch import prewarm
+    from aspen_cgi.fetch.demand import demanded
     repo = root / "repo.git"
     git("config", "http.receivepack", "true", cwd=str(repo))
     server = server_factory(root, ASPEN_RUN_DIR=str(tmp_path / "run"))
     git("clone", "-q", f"{server.url}/repo.git", str(tmp_path / "full"))
     env = {"ASPEN_PREWARM": "default"}
     sdir = str(repo / "aspen")
-    assert not prewarm.demanded(sdir, env)
+    assert not demanded(sdir, env)
     assert prewarm.kick(str(repo), env, in_process=False) is False
     _clone_ok(f"{server.url}/repo.git", tmp_path / "shallow", repo, "--depth", "1")
-    assert prewarm.demanded(sdir, env)
-    assert not prewarm.demanded(sdir, {**env, "ASPEN_PREWARM_DEMAND_S": "-1"})   # outside the window
+    assert demanded(sdir, env)
+    assert not demanded(sdir, {**env, "ASPEN_PREWARM_DEMAND_S": "-1"})   # outside the window
     assert prewarm.kick(str(repo), {**env, "ASPEN_PREWARM": "off"}, in_process=False) is False
 
 

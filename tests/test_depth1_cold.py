@@ -1,6 +1,6 @@
 """A cold `git clone --depth 1` is answered as stock answers it; the wider
 pack (packhook) is built in the background and replaces the entry for the
-clients after (cache/depth1.py). Real git clients against gunicorn (and the
+clients after (fetch/depth1.py). Real git clients against gunicorn (and the
 CGI program), stock `git http-backend` beside them.
 
 What each case gets:

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from aspen_cgi.fetch.history import StoreHistory
+from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -36,7 +37,7 @@ def _imported(tmp_path: Path) -> tuple[Path, RefStore, str]:
     h.git("update-ref", "refs/heads/main", a, cwd=str(repo))
     store = _store(repo)
     store.sync()
-    store.build_packs()
+    builder.build_packs(store)
     return repo, store, a
 
 
@@ -55,7 +56,7 @@ def test_answers_name_settled_versions_only_and_follow_new_ones(tmp_path):
     assert unsettled.tips(a).tips == ((1, "refs/heads/main"),)    # ... the planner's history does not
     assert unsettled.tips(b).tips == () and unsettled.introduced_by(b) == []
 
-    store.build_packs()
+    builder.build_packs(store)
     settled = StoreHistory(store)
     assert settled.tips(a).tips == ((1, "refs/heads/main"), (2, "refs/heads/other"))
     assert settled.tips(b).tips == ((2, "refs/heads/main"),)
@@ -71,5 +72,5 @@ def test_a_store_made_again_at_the_same_path_is_another(tmp_path):
     h.git("update-ref", "refs/heads/other", a, cwd=str(repo))
     again = _store(repo)
     again.sync()
-    again.build_packs()
+    builder.build_packs(again)
     assert StoreHistory(again).tips(a).tips == ((1, "refs/heads/other"),)

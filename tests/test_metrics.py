@@ -358,7 +358,7 @@ def test_only_get_of_the_exact_path_is_metrics_and_repositories_stay_reachable(t
 
 
 GETS = metrics.key("aspen_requests_total", service="upload-pack", method="GET", status="200")
-COUNT_ONE = ("import os, sys; from aspen_cgi import metrics\n"
+COUNT_ONE = ("import os, sys; from aspen_cgi.runtime import metrics\n"
              "os.makedirs(sys.argv[1], exist_ok=True)\n"
              "metrics.count(sys.argv[1], 'GET', 200, 10, {'service': 'upload-pack'})\n")
 

@@ -17,6 +17,7 @@ from aspen_cgi.fetch import plancheck
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.fetch.history import StoreHistory
+from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -28,7 +29,7 @@ CAPS = ["multi_ack_detailed", "thin-pack", "side-band-64k", "ofs-delta", "agent=
 def _built(repo: Path) -> RefStore:
     store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
     store.sync()
-    store.build_packs()
+    builder.build_packs(store)
     return store
 
 

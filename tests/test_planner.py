@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.model.versions import PackInfo
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.fetch.history import StoreHistory
+from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -66,7 +68,7 @@ def test_clients_at_every_earlier_state_complete_from_the_plan(root, server, tmp
             h.git("push", "-q", "origin", "HEAD:refs/heads/cut", cwd=str(work))   # a branch cut mid-history
         h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
     store = _store(repo)
-    store.build_packs()
+    builder.build_packs(store)
     history = StoreHistory(store)
     server_refs = h.refs_of(str(repo))
     planned = 0
@@ -95,7 +97,7 @@ def test_full_clone_is_the_whole_history_from_the_import_pack_up(root, server, t
         pk.commit(work, f"c{i}")
         h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
     store = _store(repo)
-    store.build_packs()
+    builder.build_packs(store)
     refs = h.refs_of(str(repo))
     req = FetchRequest(version=2, wants=sorted(set(refs.values())), capabilities=["thin-pack", "ofs-delta"])
     p = plan(req, StoreHistory(store), _advertised(repo))
@@ -121,7 +123,7 @@ def test_what_cannot_be_proved_falls_back(root, server_factory, tmp_path):
     assert plan(FetchRequest(**base, deepen=1), hist, adv).reason == "shallow"
     assert plan(FetchRequest(**base, filter="blob:none"), hist, adv).reason == "filter"
     assert plan(FetchRequest(**base), hist, adv).reason == "not-built"
-    store.build_packs()
+    builder.build_packs(store)
     assert plan(FetchRequest(version=0, wants=["1" * 40], capabilities=CAPS), hist, adv).reason == "want-not-advertised"
     assert plan(FetchRequest(version=0, wants=[main], haves=[main], capabilities=["ofs-delta"]),
                 hist, adv).reason == "no-thin-pack"
@@ -163,7 +165,7 @@ def test_stale_branch_is_its_own_pack_and_a_log_n_proof(root, server, tmp_path):
     h.git("clone", "-q", "--bare", server.url + "/repo.git", str(client))
     h.git("update-ref", "-d", "refs/heads/stale", cwd=str(client))
     store = _store(repo)
-    store.build_packs()
+    builder.build_packs(store)
     refs = h.refs_of(str(repo))
     haves = sorted(set(h.refs_of(str(client)).values()))
     req = FetchRequest(version=2, wants=[refs["refs/heads/stale"]], haves=haves, capabilities=["thin-pack", "ofs-delta"])
@@ -217,7 +219,7 @@ class _FakeHistory:
         return self.view
 
     def pack_of(self, version):
-        return (f"{version:040x}", (), ("refs/heads/main",))
+        return PackInfo(f"{version:040x}", (), ("refs/heads/main",))
 
     def all_packs_built(self):
         return True
@@ -305,7 +307,7 @@ def test_full_clone_from_segment_packs_completes_an_empty_client(root, server_fa
         pk.commit(work, f"after{i}")
         h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
     store.sync()
-    store.build_packs()
+    builder.build_packs(store)
     refs = h.refs_of(str(repo))
     req = FetchRequest(version=2, wants=sorted(set(refs.values())), capabilities=["thin-pack", "ofs-delta"])
     p = plan(req, StoreHistory(store), _advertised(repo))
@@ -414,7 +416,7 @@ class _TagHistory:
         return {}
 
     def pack_of(self, version):
-        return self.PACKS[version]
+        return PackInfo(*self.PACKS[version])
 
     def pack_holds(self, name, oids):
         return frozenset(set(oids) & self.HELD[name])
@@ -488,7 +490,7 @@ def _main_only(server, client: Path) -> None:
 
 def _built(repo: Path) -> RefStore:
     store = _store(repo)
-    store.build_packs()
+    builder.build_packs(store)
     return store
 
 

@@ -607,7 +607,7 @@ def test_big_push_is_streamed_not_buffered(root, repo, tmp_path):
 
     from aspen_cgi.push import receive
     from aspen_cgi.http import paths
-    from aspen_cgi.http.backend import ServiceContext, child_env
+    from aspen_cgi.service import ServiceContext, child_env
     from aspen_cgi.http.body import Body
     from aspen_cgi.git.repoconfig import RepoConfig
 

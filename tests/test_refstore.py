@@ -24,6 +24,7 @@ from aspen_cgi.git import reader
 from aspen_cgi.model import refs as refs_mod
 from aspen_cgi.refstore import db, segments
 from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
+from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -542,7 +543,7 @@ def test_a_schema_3_store_gains_commit_parents_and_builds_record_them(tmp_path):
     assert sql(store, "PRAGMA user_version") == [(db.SCHEMA_VERSION,)] and db.SCHEMA_VERSION >= 4
     assert [v.kind for v in store.log()] == ["import"]
     assert sql(store, "SELECT count(*) FROM commit_parents") == [(0,)]
-    store.build_packs()
+    builder.build_packs(store)
     commits = h.out("rev-list", "--all", "--parents", cwd=str(repo)).splitlines()
     facts = store.commit_facts([c.split()[0] for c in commits])
     assert {c: p for c, (_, p) in facts.items()} == {c.split()[0]: tuple(c.split()[1:]) for c in commits}
@@ -553,7 +554,7 @@ def test_a_schema_4_store_gains_commit_times_and_a_later_record_fills_them(tmp_p
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)
     store.sync()
-    store.build_packs()
+    builder.build_packs(store)
     lines = h.out("rev-list", "--all", "--parents", "--timestamp", cwd=str(repo)).splitlines()
     times = {line.split()[1]: int(line.split()[0]) for line in lines}
     assert store.commit_times(list(times)) == times                  # recorded by the build

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from aspen_cgi.packs import segmentpack
+from aspen_cgi.packs import builder, segmentpack
 from aspen_cgi.packs.versionpack import scratch_owner
 from aspen_cgi.refstore import db
 from aspen_cgi.refstore.store import RefStore
@@ -278,7 +278,7 @@ def test_pushes_compact_in_the_background(root, server_factory, tmp_path):
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         store.sync()
-        if (store.all_packs_built() and not store.segments_to_build()
+        if (store.all_packs_built() and not builder.segments_to_build(store)
                 and not (packs / ".build.lock").exists() and not (packs / ".segments.lock").exists()):
             break
         time.sleep(0.2)
@@ -299,7 +299,7 @@ def test_pushes_compact_in_the_background(root, server_factory, tmp_path):
 def test_verify_checks_the_runs_and_the_sweep_clears_what_crashed_builders_left(root, tmp_path):
     repo = root / "repo.git"
     store = _store(repo)
-    store.build_packs()
+    builder.build_packs(store)
     packs = Path(store.packs_dir)
     for lo, hi in ((2, 5), (4, 7)):
         db.write(store.conn, lambda conn, lo=lo, hi=hi: db.record_segment_pack(conn, lo, hi, "", 0, 0, 0.0, 1, 1, 1))
@@ -317,8 +317,8 @@ def test_verify_checks_the_runs_and_the_sweep_clears_what_crashed_builders_left(
     for o in orphans:
         o.write_bytes(b"x")
     kept = [packs / f"pack-{store.version_pack(1)[0][0]}{ext}" for ext in (".pack", ".idx")]
-    assert store.sweep_packs() == [str(dead)]      # pack files no row names are kept for an hour
-    assert sorted(store.sweep_packs(min_age=0)) == sorted(str(o) for o in orphans)
+    assert builder.sweep_packs(store) == [str(dead)]      # pack files no row names are kept for an hour
+    assert sorted(builder.sweep_packs(store, min_age=0)) == sorted(str(o) for o in orphans)
     assert mine.exists() and all(k.exists() for k in kept)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from aspen_cgi.model.versions import ZERO
+from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -68,7 +69,7 @@ def _history(root: Path, server, tmp_path: Path) -> tuple[Path, Path]:
 def test_each_version_pack_is_exactly_its_objects_beyond_its_boundary(root, server, tmp_path):
     repo, _ = _history(root, server, tmp_path)
     store = _store(repo)
-    built = dict(store.build_packs())
+    built = dict(builder.build_packs(store))
     assert sorted(built) == list(range(1, store.latest() + 1))
     before: dict[str, str] = {}
     for v in range(1, store.latest() + 1):
@@ -86,7 +87,7 @@ def test_each_version_pack_is_exactly_its_objects_beyond_its_boundary(root, serv
             assert not set(boundary) & got
         for u in ups:
             before.pop(u.ref, None) if u.new == ZERO else before.__setitem__(u.ref, u.new)
-    assert store.build_packs() == []          # built once
+    assert builder.build_packs(store) == []          # built once
 
 
 def test_client_one_version_behind_completes_from_the_version_pack(root, server, tmp_path):
@@ -102,7 +103,7 @@ def test_client_one_version_behind_completes_from_the_version_pack(root, server,
     h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
     new_tip = h.out("rev-parse", "HEAD", cwd=str(work))
     store = _store(repo)
-    built = dict(store.build_packs())
+    built = dict(builder.build_packs(store))
     latest = store.latest()
     pack = built[latest]
     (_, _, _), boundary = store.version_pack(latest)

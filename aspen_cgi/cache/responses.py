@@ -7,7 +7,7 @@ follows it like every other request. Whatever goes wrong with the cache
 (full disk, corrupt entry, a producer that died before the first byte) the
 request computes its answer itself (uncached): never an error.
 
-An interim answer (git's own for a depth-1 clone, see cache/depth1.py) is
+An interim answer (git's own for a depth-1 clone, see fetch/depth1.py) is
 marked so in its entry; INTERIM() is called once that entry is published,
 and again by hits that find it still interim (it starts the better
 answer's build in the background, at most one at a time)."""

@@ -22,7 +22,7 @@ segment pack builds: admission.acquire_build): it only makes later answers
 smaller.
 None starts for an entry already wide or kept.
 
-Pre-warm (cache/prewarm.py, no client waiting: NO_CLIENT_ENV) computes the
+Pre-warm (fetch/prewarm.py, no client waiting: NO_CLIENT_ENV) computes the
 wide answer at once with `build()` too, beside any entry rather than as the
 entry being written, so that a client arriving meanwhile is answered by git
 at git's speed instead of following the wide computation.
@@ -81,9 +81,9 @@ class Job:
 
 def wide_answer(job: Job) -> Iterable[bytes]:
     """git's upload-pack with the depth-1 pack hook (packhook), as the request came."""
-    from ..git import gitexec
-    from . import packobjectshook as packhook
-    from ..git.repoconfig import RepoConfig
+    from ..git import gitexec  # startup
+    from . import packobjectshook as packhook  # startup
+    from ..git.repoconfig import RepoConfig  # startup
     hooked = packhook.upload_pack_config(object_format=RepoConfig.load(job.gitdir, job.env).object_format)
     return gitexec.git_stream([*hooked, "upload-pack", "--stateless-rpc", "."],
                               cwd=job.gitdir, env=dict(job.env), input=job.data)
@@ -165,7 +165,7 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
         os.utime(fd)
         if done(job):
             return
-        from ..runtime import admission
+        from ..runtime import admission  # startup
         slot = admission.acquire_build(admission.limits(job.env), check)
         if done(job):
             return
@@ -267,7 +267,7 @@ def _descendants(pid: int) -> list[int]:
 def _kill_tree(pid: int) -> None:
     """SIGKILL our child PID, then the descendants it had (found first, so
     that none is reparented away meanwhile)."""
-    import signal
+    import signal  # startup
     for p in [pid, *_descendants(pid)]:
         try:
             os.kill(p, signal.SIGKILL)
@@ -324,9 +324,9 @@ def _guard(gitdir: str, env: Mapping[str, str]):
     directory watched too when it is the repository's own), or None when it
     is already gone (then what a deletion under way left of Aspen's state
     is cleared, as undo() does)."""
-    from ..runtime.statedir import state_dir
-    from ..runtime.repoguard import RepoGuard, RepositoryGone
-    from ..cache import responses
+    from ..runtime.statedir import state_dir  # startup
+    from ..runtime.repoguard import RepoGuard, RepositoryGone  # startup
+    from ..cache import responses  # startup
     sdir = state_dir(gitdir, env)
     guard = RepoGuard.take(gitdir, sdir)
     if guard is None:
@@ -342,8 +342,8 @@ def _guard(gitdir: str, env: Mapping[str, str]):
 
 
 def _detached(job: Job) -> bool:
-    import tempfile
-    from ..git import gitexec
+    import tempfile  # startup
+    from ..git import gitexec  # startup
     fd, request = tempfile.mkstemp(prefix=f".{job.name}.request.", suffix=".tmp", dir=job.settings.directory)
     try:
         os.write(fd, job.data)
@@ -359,52 +359,15 @@ def _detached(job: Job) -> bool:
     return True
 
 
-def after_import(gitdirs: list[str], env: Mapping[str, str]) -> None:
-    """Pre-warm the depth-1 clones of HEAD's branch of the repositories
-    `aspen import` recorded as version 1, as after a push (cache/prewarm.py),
-    once the import is done: one detached pre-warmer at niceness NICE for
-    them all, one after the other, with this command's environment and each
-    repository addressed as GIT_PROJECT_ROOT (its parent directory) serves
-    it. Its entries are the server's when the server's configuration
-    environment is the same (user, HOME, GIT_CONFIG_*, ASPEN_CACHE_DIR or
-    ASPEN_STATE_DIR)."""
-    from ..git import gitexec
-    from . import prewarm
-    if prewarm.policy(env) == "off" or not gitdirs:
-        return
-    child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE", *_ENV)}
-    try:
-        gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.depth1", "prewarm", *gitdirs], env=child)
-    except OSError as e:
-        sys.stderr.write(f"aspen: could not start the pre-warm: {e}\n")
-
-
-def _prewarm_imported(gitdirs: list[str]) -> int:
-    from . import prewarm
-    for gitdir in gitdirs:
-        real = os.path.realpath(gitdir)
-        env = {k: v for k, v in os.environ.items() if k not in ("PATH_TRANSLATED", "GIT_PROJECT_ROOT")}
-        env.update(GIT_PROJECT_ROOT=os.path.dirname(real), GIT_HTTP_EXPORT_ALL="1",
-                   PATH_INFO="/" + os.path.basename(real) + "/git-upload-pack")
-        try:
-            prewarm.run(real, env)
-        except Exception as e:   # noqa: BLE001  (deleted meanwhile, or broken: the next one)
-            sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
-    return 0
-
-
 def main(argv: Optional[list[str]] = None) -> int:
-    """Detached, at niceness NICE: `prewarm GITDIR...` (after_import), or the
-    wide build of the job in the environment (CGI, kick())."""
-    from ..runtime.statedir import state_dir
-    from ..cache import responses
+    """Detached, at niceness NICE: the wide build of the job in the environment (CGI, kick())."""
+    from ..runtime.statedir import state_dir  # startup
+    from ..cache import responses  # startup
     argv = sys.argv[1:] if argv is None else argv
     try:
         os.nice(NICE)
     except OSError:
         pass
-    if argv[:1] == ["prewarm"]:
-        return _prewarm_imported(argv[1:])
     gitdir, name, version, request = (os.environ.get(k, "") for k in _ENV)
     env = {k: v for k, v in os.environ.items() if k not in _ENV}
     guard = _guard(gitdir, env)

@@ -21,7 +21,7 @@ import threading
 from typing import Collection, Optional, Sequence
 
 from ..runtime.memo import put_bounded
-from ..model.versions import AncestryAnswer, CloneView, TipAnswer
+from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer
 from ..refstore.store import RefStore
 
 
@@ -206,7 +206,7 @@ class StoreHistory:
         assert self._identity is not None
         return self._identity
 
-    def pack_of(self, version: int) -> Optional[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    def pack_of(self, version: int) -> Optional[PackInfo]:
         if version in self._packs:
             return self._packs[version]
         key = (self.identity(), "pack", version)
@@ -216,7 +216,7 @@ class StoreHistory:
             if got is None:
                 return None            # not built yet: asked again
             (name, _, _), boundary = got
-            out = (name, tuple(boundary), self.store.version_refs(version))
+            out = PackInfo(name, tuple(boundary), self.store.version_refs(version))
             _share(key, out)
         self._packs[version] = out
         return out
@@ -233,7 +233,7 @@ class StoreHistory:
     def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
         """Which of OIDS (hex) the stored pack NAME holds, by bisecting its
         `.idx`; raises PackError when the index cannot be read."""
-        from ..packs.packfile import PackIndex
+        from ..packs.packfile import PackIndex  # startup
         index = self.indexes.get(name)
         if index is None:
             index = self.indexes[name] = PackIndex.load(os.path.join(self.store.packs_dir, f"pack-{name}.idx"))

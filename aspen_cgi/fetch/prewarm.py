@@ -3,7 +3,7 @@ into the response cache in the background, so the first CI job of a storm
 already hits. The requests are the ones git (protocol v2) sends for
 `git clone --depth 1 URL` (HEAD's branch, wanted twice: as HEAD and as the
 branch) and `git clone --depth 1 --branch B URL`, without progress (no
-terminal), computed through the same request pipeline as a client's.
+terminal), computed by fetch/upload.py as a client's are (into the same cache entries).
 
 ASPEN_PREWARM: `default` (a version that updated HEAD's branch), `all`
 (every branch the version updated), `off`. One pre-warmer per repository at
@@ -30,7 +30,6 @@ directories it made and ends quietly."""
 from __future__ import annotations
 
 import fcntl
-import io
 import os
 import sys
 import threading
@@ -40,44 +39,11 @@ from typing import Mapping, Optional
 from .. import settings
 from ..model.objectid import ZERO, is_null
 from ..protocol import pktline
-
-DEMAND_FILE = "depth1.asked"
-NOTE_EVERY_S = 60.0
-
+from .demand import demanded
 
 def policy(env: Mapping[str, str]) -> str:
     """ASPEN_PREWARM (settings.py): `default`, `all` or `off`."""
     return settings.of(env).prewarm
-
-
-def demand_effect(sdir: str) -> tuple[str, str, str]:
-    """note_demand as a replayed request does it (http/replay.py): the file's mtime now."""
-    return ("touch", os.path.join(sdir, DEMAND_FILE), "")
-
-
-def note_demand(sdir: str) -> None:
-    """A client asked for a depth-1 clone of the repository whose state lives in SDIR."""
-    path = os.path.join(sdir, DEMAND_FILE)
-    try:
-        if time.time() - os.stat(path).st_mtime < NOTE_EVERY_S:
-            return
-        os.utime(path)
-    except FileNotFoundError:
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        except OSError:
-            pass             # no state directory (yet): the next request notes it
-    except OSError:
-        pass
-
-
-def demanded(sdir: str, env: Mapping[str, str]) -> bool:
-    """Whether a client asked for a depth-1 clone within the demand window."""
-    window = settings.of(env).prewarm_demand
-    try:
-        return time.time() - os.stat(os.path.join(sdir, DEMAND_FILE)).st_mtime <= window
-    except OSError:
-        return False
 
 
 def clone_request(wants: list[str], include_tag: bool = True) -> bytes:
@@ -104,30 +70,42 @@ def requests_for(head_target: Optional[str], updated: dict[str, str], mode: str)
     return out
 
 
-def _upload_env(env: Mapping[str, str], body: bytes) -> dict[str, str]:
-    out = {k: v for k, v in env.items() if k not in ("HTTP_CONTENT_ENCODING", "CONTENT_LENGTH", "GIT_DIR")}
-    for key in ("PATH_INFO", "PATH_TRANSLATED"):
-        if key in out and out[key].endswith("/git-receive-pack"):
-            out[key] = out[key][:-len("git-receive-pack")] + "git-upload-pack"
-    out.update({"REQUEST_METHOD": "POST", "CONTENT_TYPE": "application/x-git-upload-pack-request",
-                "CONTENT_LENGTH": str(len(body)), "HTTP_GIT_PROTOCOL": "version=2", "GIT_PROTOCOL": "version=2",
-                "QUERY_STRING": "", "ASPEN_ACCESS_LOG": "0", "ASPEN_NO_CLIENT": "1"})   # cache/depth1.py
-    return out
-
-
-def _compute(env: Mapping[str, str], body: bytes, guard) -> int:
-    """Run one request through the pipeline (filling the cache); its status.
+def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
+    """Answer one depth-1 request as fetch/upload.py answers a client's
+    (filling the cache), with nobody waiting; whether it was answered.
     Stopped (RepositoryGone) as soon as GUARD finds the repository gone."""
-    from ..http.backend import handle
-    from ..http.message import Request
+    from ..git.repoconfig import ConfigError, RepoConfig  # startup
+    from ..runtime.repoguard import RepositoryGone  # startup
+    from ..service import Repo, ServiceContext, ServiceRefused, child_env  # startup
+    from . import upload  # startup
     guard.check()
-    resp = handle(Request(_upload_env(env, body), io.BytesIO(body), len(body)))
+    cenv = child_env({**{k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE")},
+                      "GIT_PROTOCOL": "version=2", "ASPEN_NO_CLIENT": "1"}, gitdir)    # fetch/depth1.py
+    config = RepoConfig.load(gitdir, cenv)
     try:
-        for _ in resp.body:
-            guard.check()
-    finally:
-        resp.close()
-    return resp.status
+        if not config.bool("http.uploadpack", True):
+            return False            # stock's backend would refuse every client's fetch
+    except ConfigError:
+        return False
+    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, 2, None, [])
+    try:
+        stream = upload.serve(ctx, body)
+        try:
+            for _ in stream:
+                guard.check()
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+    except (RepositoryGone, KeyboardInterrupt):
+        raise
+    except ServiceRefused:
+        return False                # admission's 503: the cache stays cold, a client computes it
+    except Exception as e:          # noqa: BLE001  (as a 500 would: this request only)
+        if guard.alive():
+            sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
+        return False
+    return True
 
 
 def _make_dir(directory: str, gitdir: str, sdir: str, guard) -> None:
@@ -154,9 +132,10 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     another pre-warmer of the repository is running. Raises RepositoryGone
     (repoguard.py), having removed what it made, when the repository
     was deleted, moved or replaced meanwhile."""
-    from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, open_store
-    from ..runtime.statedir import state_dir
-    from ..cache import responses, stats
+    from ..refstore.guarded import open_store  # startup
+    from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon  # startup
+    from ..runtime.statedir import state_dir  # startup
+    from ..cache import responses, stats  # startup
     mode = policy(env)
     sdir = state_dir(gitdir, env)
     settings = responses.settings(sdir, env)
@@ -193,7 +172,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
                 refs = snap.by_name()
                 updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
                 for body in requests_for(snap.head_target, updated, mode):
-                    if _compute(env, body, guard) == 200:
+                    if _compute(gitdir, env, body, guard):
                         done += 1
                         guard.check()
                         stats.record(settings.directory, "prewarm", 0)
@@ -211,8 +190,8 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     """Pre-warm after a push, where depth-1 clones are asked for: a
     low-priority thread here, or a detached program. Whether one started."""
-    from ..runtime.statedir import state_dir
-    from ..runtime.repoguard import RepositoryGone
+    from ..runtime.statedir import state_dir  # startup
+    from ..runtime.repoguard import RepositoryGone  # startup
     if policy(env) == "off" or not demanded(state_dir(gitdir, env), env):
         return False
     child = {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}
@@ -230,18 +209,52 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
                 sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
         threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
         return True
-    from ..git import gitexec
+    from ..git import gitexec  # startup
     child["ASPEN_PREWARM_GITDIR"] = gitdir
     gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.prewarm"], env=child)
     return True
 
 
-def main() -> int:
+def after_import(gitdirs: list[str], env: Mapping[str, str]) -> None:
+    """Pre-warm the depth-1 clones of HEAD's branch of the repositories
+    `aspen import` recorded as version 1, as after a push ,
+    once the import is done: one detached pre-warmer at niceness NICE for
+    them all, one after the other, with this command's environment. Its entries are the server's when the server's configuration
+    environment is the same (user, HOME, GIT_CONFIG_*, ASPEN_CACHE_DIR or
+    ASPEN_STATE_DIR)."""
+    from ..git import gitexec  # startup
+    if policy(env) == "off" or not gitdirs:
+        return
+    child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE", "ASPEN_PREWARM_GITDIR")
+             and not k.startswith("ASPEN_DEPTH1_")}
+    try:
+        gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.prewarm", *gitdirs], env=child)
+    except OSError as e:
+        sys.stderr.write(f"aspen: could not start the pre-warm: {e}\n")
+
+
+def _prewarm_imported(gitdirs: list[str]) -> int:
+    for gitdir in gitdirs:
+        real = os.path.realpath(gitdir)
+        env = dict(os.environ)
+        try:
+            run(real, env)
+        except Exception as e:   # noqa: BLE001  (deleted meanwhile, or broken: the next one)
+            sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Detached, at niceness 10: `GITDIR...` (after_import), or the
+    repository of ASPEN_PREWARM_GITDIR (kick())."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
         os.nice(10)
     except OSError:
         pass
-    from ..runtime.repoguard import RepositoryGone
+    if argv:
+        return _prewarm_imported(argv)
+    from ..runtime.repoguard import RepositoryGone  # startup
     try:
         run(os.environ["ASPEN_PREWARM_GITDIR"], dict(os.environ))
     except RepositoryGone:

@@ -19,19 +19,25 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Iterable, Iterator, Mapping, Optional
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Optional, Union
 
 from .. import AGENT
 from ..git import gitexec
 from ..protocol import advertise as adv, pktline
 from ..protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
 from ..runtime.memo import Memo
-from ..http.message import HttpError
+from ..service import FileBody, ServiceRefused
 from ..packs import background
 from ..git.reader import shallow_roots
 from ..model.refs import HiddenRefs, RefSnapshot
 from ..git.repoconfig import ConfigError, parse_bool
 from ..runtime.statedir import state_dir
+from ..protocol.pktline import ProtocolError
+from ..git.reader import object_info
+import hashlib
+from dataclasses import replace
+from ..model.objectid import id_bytes
 
 
 _ALLOW_TIP, _ALLOW_REACHABLE, _ALLOW_ANY = 1, 2, 4
@@ -75,7 +81,7 @@ def _caps(ctx) -> adv.UploadCaps:
 
 
 def _session_id() -> str:
-    import uuid  # imported only when asked: uuid costs a CGI start-up milliseconds
+    import uuid  # startup: imported only when asked: uuid costs a CGI start-up milliseconds
     return f"aspen-{uuid.uuid4().hex}"
 
 
@@ -93,7 +99,6 @@ def _not_our_ref(ctx, oid: str) -> Iterator[bytes]:
 def _check_allowed(ctx, req: FetchRequest) -> None:
     """v2 fetch lines the configuration does not allow: git's upload-pack dies
     on them after the headers went out (an empty 200); Aspen answers 400."""
-    from ..protocol.pktline import ProtocolError
     caps = _caps(ctx)
     if req.want_refs and not caps.allow_ref_in_want:
         raise ProtocolError(f"unexpected line: 'want-ref {req.want_refs[0][:80]}'")
@@ -116,7 +121,6 @@ def refused_want(ctx, req: FetchRequest) -> Optional[str]:
     is_our_ref(), allowTipSHA1InWant makes hidden tips ours and
     allowReachableSHA1InWant everything hidden refs reach; allowAnySHA1InWant
     lifts the check. Objects the repository lacks are left to git."""
-    from ..git.reader import object_info
     allow = _allow_uor(ctx.config)
     if not req.wants or allow & _ALLOW_ANY:
         return None
@@ -228,14 +232,14 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Ite
     """The fallback responder: git's upload-pack, stateless, with the request
     as it came, once admission control gives it a slot (503 past the queue).
     Always git's plain upload-pack, depth-1 clones too: their wider pack
-    (packhook) is built in the background for later clients (cache/depth1.py),
+    (packhook) is built in the background for later clients (fetch/depth1.py),
     never while a client waits."""
-    from ..runtime import admission
+    from ..runtime import admission  # startup
     try:
         slot = admission.acquire(admission.limits(ctx.env), ctx.gitdir)
     except admission.Overloaded as e:
         ctx.trace["cache"] = "overloaded"
-        raise HttpError(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
+        raise ServiceRefused(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
                         extra=[("Retry-After", str(e.retry_after))],
                         body=b"Too many requests are waiting; retry later.\n") from None
     if slot.waited_s:
@@ -283,18 +287,18 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
 
     A depth-1 clone (packhook.wants_wide_pack) that misses is answered by
     git's plain upload-pack (`depth1=stock`), and its wide answer is built in
-    the background for the requests after (cache/depth1.py); later hits get
+    the background for the requests after (fetch/depth1.py); later hits get
     whichever the entry holds (`depth1=wide` once built). Pre-warm (no
     client waits) builds the wide answer at once."""
-    from . import packobjectshook as packhook
-    from ..cache import responses
+    from . import packobjectshook as packhook  # startup
+    from ..cache import responses  # startup
     depth1 = packhook.wants_wide_pack(req, ctx.env)
     sdir = state_dir(ctx.gitdir, ctx.env)
     if depth1:
         ctx.trace["depth1"] = "stock"
-        from . import depth1 as wide, prewarm
+        from . import depth1 as wide, demand  # startup
         if not wide.no_client(ctx.env):
-            prewarm.note_demand(sdir)
+            demand.note_demand(sdir)
     settings = responses.settings(sdir, ctx.env)
     if settings is None:
         return compute(ctx, req, data)
@@ -312,17 +316,16 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
 
 
 def _cached(ctx, settings, answer) -> Iterable[bytes]:
-    from ..cache import responses
+    from ..cache import responses  # startup
     ctx.trace["cache"] = answer.mark
     if isinstance(answer.body, responses.EntryFile):
-        from ..cache.entries import DEPTH1_LABELS, DEPTH1_STOCK
-        from ..http.dumb import FileBody
+        from ..cache.entries import DEPTH1_LABELS, DEPTH1_STOCK  # startup
         if answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK and _replayable(ctx):
             # http/replay.py: the same request, refs and settings get this entry again
             effects = responses.replay_effects(settings, answer.body)
             if "depth1" in ctx.trace:
-                from . import prewarm
-                effects.append(prewarm.demand_effect(state_dir(ctx.gitdir, ctx.env)))
+                from .demand import demand_effect  # startup
+                effects.append(demand_effect(state_dir(ctx.gitdir, ctx.env)))
             ctx.trace.update(replayable=True, replay_file=responses.entry_span(answer.body), replay_effects=effects)
         if "depth1" in ctx.trace:           # what the entry holds (an entry older than the marks: unknown)
             label = DEPTH1_LABELS.get(answer.body.depth1)
@@ -355,7 +358,7 @@ def _prewarmed(ctx, built: Iterator[bytes], otherwise) -> Iterator[bytes]:
 
 
 def _cache_key(ctx, data: bytes):
-    from ..cache.key import fetch_key
+    from ..cache.key import fetch_key  # startup
     store = ctx.refstore()
     snap = _snapshot(ctx)
     refs_digest = _memo.get(snap, ("digest",), lambda: _digest(snap)).decode()
@@ -366,7 +369,6 @@ def _cache_key(ctx, data: bytes):
 
 
 def _digest(snap: RefSnapshot) -> bytes:
-    import hashlib
     h = hashlib.sha256(repr((snap.head, snap.head_target, snap.namespace_prefix)).encode())
     for r in snap.refs:
         h.update(f"{r.name}\0{r.oid}\0{r.peeled}\0{r.symref_target}\n".encode("utf-8", "surrogateescape"))
@@ -376,13 +378,20 @@ def _digest(snap: RefSnapshot) -> bytes:
 def compute(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     """A planned answer from stored packs when the planner proves one, else git's."""
     planned = _planned(ctx, req)
-    if planned is not None:
-        return planned
-    return git_upload_pack(ctx, data, req)
+    if isinstance(planned, GitAnswers):
+        return git_upload_pack(ctx, data, req)
+    return planned
 
 
-def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
-    """Aspen's answer, or None for git's. v2: fetches without want-ref,
+@dataclass(frozen=True)
+class GitAnswers:
+    """No answer from stored packs: git upload-pack answers the request; WHY
+    is the reason the access line gives (`plan=fallback why=...`)."""
+    why: str
+
+
+def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
+    """Aspen's answer, or GitAnswers. v2: fetches without want-ref,
     packfile-uris, wait-for-done or sideband-all; a plan proved from a
     round's haves ends the negotiation there (`ready`). v0/v1: one stateless
     round whose haves are all version tips (see `_v0_reason`). Everything
@@ -397,8 +406,8 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
             else "not-built"
     if why is not None:
         return _fallback(ctx, why)
-    from ..planner.plan import Fallback
-    from .history import StoreHistory
+    from ..planner.plan import Fallback  # startup
+    from .history import StoreHistory  # startup
     history = StoreHistory(store)
     # haves that are no version's ref value must be commits a version introduced (ancestors
     # a client walks back through) to be known common, as stock acknowledges them
@@ -417,13 +426,13 @@ def _planned(ctx, req: FetchRequest) -> Optional[Iterator[bytes]]:
             ctx.trace["unproved"] = result.detail
         return _fallback(ctx, result.reason)
     splice = _prepare(ctx, store, result, history.indexes)
-    if splice is None:
-        return None
+    if isinstance(splice, GitAnswers):
+        return splice
     splice, result = _span(ctx, store, history, result, splice)
-    if splice is None:
-        return None
+    if isinstance(splice, GitAnswers):
+        return splice
     ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
-    from . import planned as responder
+    from . import planned as responder  # startup
     if ctx.protocol_version == 2:
         return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"),
                                      ready=not req.done)
@@ -460,14 +469,14 @@ def _v0_reason(req: FetchRequest) -> Optional[str]:
     return None
 
 
-def _fallback(ctx, why: str) -> None:
+def _fallback(ctx, why: str) -> GitAnswers:
     ctx.trace.update(plan="fallback", why=why)
-    return None
+    return GitAnswers(why)
 
 
 def _plan(ctx, req: FetchRequest, history):
-    from ..packs.packfile import PackError
-    from ..planner.plan import Fallback, plan
+    from ..packs.packfile import PackError  # startup
+    from ..planner.plan import Fallback, plan  # startup
     snap, hidden = _snapshot(ctx), _hidden(ctx)
     visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
     advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
@@ -492,7 +501,7 @@ def _stock_ends(ctx, req: FetchRequest, history, tags: Mapping[str, str]) -> boo
     has, and may hold those versions' objects (git.git's stale-branch: a
     client current on trunk whose first round of haves was older tagged
     commits was sent 10 trunk pushes again, 3.69x stock's bytes)."""
-    from . import plancheck
+    from . import plancheck  # startup
     t0 = time.perf_counter()
     ready = plancheck.may_be_ready(history, req.wants, req.haves, tags)
     by = "store"
@@ -512,7 +521,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
     stock's readiness is settled first (the store's recorded parents, then
     git's commits): the candidate is walked only for a round stock ends (its
     walk counts as planning time)."""
-    from . import plancheck
+    from . import plancheck  # startup
     t0 = time.perf_counter()
     tags = _annotated_tags(ctx, _snapshot(ctx))
     if not req.done and not _stock_ends(ctx, req, history, tags):
@@ -555,10 +564,9 @@ def _annotated_tags(ctx, snap: RefSnapshot) -> dict[str, str]:
 
 def _span(ctx, store, history, result, splice):
     """The plan's splice, or one span pack over the same objects when that is
-    smaller (packs/spanpack.py): (splice, plan) to send; (None, plan) when a
-    pack became unusable meanwhile (git answers)."""
-    from dataclasses import replace
-    from ..packs import spanpack
+    smaller (packs/spanpack.py): (splice, plan) to send; (GitAnswers, plan)
+    when a pack became unusable meanwhile."""
+    from ..packs import spanpack  # startup
     if not spanpack.worth(result.thin, result.packs, splice.size):
         return splice, result
     k = spanpack.key(result.packs)
@@ -580,10 +588,9 @@ def _span(ctx, store, history, result, splice):
 
 
 def _prepare(ctx, store, result, indexes=None):
-    """The plan's packs opened and checked, or None (git answers) when they are unusable."""
-    from ..model.objectid import id_bytes
-    from ..packs.packfile import PackError
-    from . import planned as responder
+    """The plan's packs opened and checked, or GitAnswers when they are unusable."""
+    from ..packs.packfile import PackError  # startup
+    from . import planned as responder  # startup
     try:
         return responder.prepare(store.packs_dir, result, indexes,
                                  id_bytes(ctx.config.object_format))
@@ -595,7 +602,7 @@ def _prepare(ctx, store, result, indexes=None):
 def _v0_response(ctx, req: FetchRequest, splice, result) -> Iterator[bytes]:
     """The ACK/NAK lines of the round, then the pack unless the round ended
     `ready` without no-done (the client says `done` next and is planned again)."""
-    from . import planned as responder
+    from . import planned as responder  # startup
     acks, pack_follows = responder.v0_acks(req.haves, req.done, req.has_capability("no-done"))
     ctx.trace["why"] = "done" if req.done else "no-done" if pack_follows else "ready"
     if not pack_follows:

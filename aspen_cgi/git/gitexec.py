@@ -267,7 +267,7 @@ def kill(proc: subprocess.Popen) -> None:
 def read_idle(stream: IO[bytes], idle: float) -> Iterator[Optional[bytes]]:
     """A child's output pipe as chunks, with None after every IDLE seconds of
     silence (so a caller can send keepalives); IDLE <= 0 never yields None."""
-    import queue
+    import queue  # startup
     q: "queue.Queue[Optional[bytes]]" = queue.Queue()
 
     def pump() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from .. import settings
+import json
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:
@@ -43,7 +44,6 @@ def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:
     """The plan trace of one fetch response as JSON: repo, ref-store version,
     plan or fallback and why, visits, extents, objects, response bytes,
     planning µs and serving ms."""
-    import json
     record = {"repo": trace.get("repo"), "version": trace.get("version"), "status": status, "bytes": nbytes,
               "serve_ms": round((time.monotonic() - started) * 1000, 2)}
     for key in PLAN_KEYS:
@@ -91,7 +91,7 @@ class Counted:
         if where:
             # ASPEN_METRICS=1 (http/backend.handle put the directory here): both adapters close
             # through here, so every response is counted once; the module loads only then
-            from ..runtime import metrics
+            from ..runtime import metrics  # startup
             metrics.count(where, method, status, self.nbytes, self.trace)
         if self.log:
             try:

@@ -11,6 +11,7 @@ from typing import Iterator, Mapping, Optional
 from ..git import gitexec
 from ..model import refs as refs_mod
 from .. import settings
+from ..protocol import pktline
 from ..protocol.pktline import ProtocolError
 from ..git.repoconfig import ConfigError, RepoConfig
 from .accesslog import METRICS_KEY
@@ -19,53 +20,11 @@ from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
 from .limits import Limits
 from .message import HttpError, Request, Response
+from ..service import FileBody, ServiceContext, ServiceRefused, child_env, protocol_version
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
 METRICS_PATH = "/_aspen/metrics"     # metrics.PATH (kept here so that the 404 path does not load metrics.py)
-
-
-@dataclass
-class ServiceContext:
-    """What a service needs to run: the repository, its configuration, the
-    environment its git children and hooks get, and the protocol version."""
-    repo: paths.Repo
-    config: RepoConfig
-    env: dict[str, str]
-    protocol_version: int
-    namespace: Optional[str]
-    log: list[str]
-    trace: dict = field(default_factory=dict)
-    _store: object = field(default=None, repr=False)
-    _store_opened: bool = field(default=False, repr=False)
-
-    @property
-    def gitdir(self) -> str:
-        return self.repo.gitdir
-
-    def refstore(self):
-        """The repository's ref store, brought up to the disk (once per request), or None."""
-        if not self._store_opened:
-            self._store_opened = True
-            from ..refstore import snapshots as refview
-            self._store = refview.open_store(self.gitdir, self.env, self.log)
-            self.trace["version"] = self._store.version if self._store is not None else "-"
-        return self._store
-
-    def snapshot(self, namespace: Optional[str] = None) -> "refs_mod.RefSnapshot":
-        from ..refstore import snapshots as refview
-        return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
-
-
-def protocol_version(value: Optional[str]) -> int:
-    """determine_protocol_version_server(): the highest version=N among ':'-separated items."""
-    best = 0
-    for item in (value or "").split(":"):
-        if item.startswith("version="):
-            v = item[len("version="):]
-            if v in ("0", "1", "2"):
-                best = max(best, int(v))
-    return best
 
 
 def _forbidden(msg: str, prefix: list[tuple[str, str]]) -> HttpError:
@@ -108,41 +67,6 @@ def _getanyfile(config: RepoConfig, prefix) -> None:
         raise _forbidden("Unsupported service: getanyfile", prefix)
 
 
-_EXEC_PATH: Optional[str] = None
-
-
-def _exec_path() -> str:
-    global _EXEC_PATH
-    if _EXEC_PATH is None:
-        res = gitexec.git(["--exec-path"], cwd="/")
-        _EXEC_PATH = res.stdout.decode().strip() if res.ok else ""
-    return _EXEC_PATH
-
-
-def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) -> dict[str, str]:
-    """run_service()'s environment: everything we were given, plus the
-    committer identity and the protocol version stock derives."""
-    out = dict(env)
-    out["GIT_DIR"] = gitdir
-    # stock's setup_path() exports the exec path and puts it first on PATH, so
-    # children and hooks see GIT_EXEC_PATH and can run dashed helpers
-    # (git-sh-setup). Only POSTs run hooks; GETs skip the extra `git --exec-path`.
-    exec_path = out.get("GIT_EXEC_PATH") or (_exec_path() if with_exec_path else "")
-    if exec_path:
-        out["GIT_EXEC_PATH"] = exec_path
-        old = out.get("PATH", "")
-        if old.split(":")[0] != exec_path:
-            out["PATH"] = exec_path + (":" + old if old else "")
-    if "GIT_COMMITTER_NAME" not in out:
-        out["GIT_COMMITTER_NAME"] = out.get("REMOTE_USER") or "anonymous"
-    if "GIT_COMMITTER_EMAIL" not in out:
-        user = out.get("REMOTE_USER") or "anonymous"
-        out["GIT_COMMITTER_EMAIL"] = f"{user}@http.{out.get('REMOTE_ADDR') or '(none)'}"
-    if "HTTP_GIT_PROTOCOL" in out and "GIT_PROTOCOL" not in out:
-        out["GIT_PROTOCOL"] = out["HTTP_GIT_PROTOCOL"]
-    return out
-
-
 def handle(req: Request) -> Response:
     """Answer one request. Never raises: every failure is a Response."""
     seen: dict = {}
@@ -155,8 +79,10 @@ def handle(req: Request) -> Response:
         resp = error_response(HttpError(e.status, e.reason, "fatal: " + e.message), seen)
     except ProtocolError as e:
         resp = error_response(HttpError(400, "Bad Request", f"fatal: {e}"), seen)
+    except ServiceRefused as e:
+        resp = error_response(HttpError(e.status, e.reason, e.log, extra=e.extra, body=e.body), seen)
     except Exception:
-        import traceback
+        import traceback  # startup
         resp = error_response(HttpError(500, "Internal Server Error",
                                         "aspen: internal error\n" + traceback.format_exc()), seen)
     if where is not None:
@@ -168,7 +94,7 @@ def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
     """Where this server counts (ASPEN_METRICS=1), or None; metrics.py loads only when it is on."""
     if not settings.of(env).metrics:
         return None
-    from ..runtime import metrics
+    from ..runtime import metrics  # startup
     return metrics.prepare(env)
 
 
@@ -190,10 +116,96 @@ def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
 
 def _metrics_response(env: Mapping[str, str]) -> Response:
     """The server's metrics in Prometheus' text format (metrics.PATH, ASPEN_METRICS=1)."""
-    from ..runtime import metrics
-    body = metrics.exposition(metrics.snapshot(env)).encode()
+    from ..runtime import metrics        # startup: only with ASPEN_METRICS=1
+    from . import metricspage          # startup
+    body = metrics.exposition(metricspage.snapshot(env)).encode()
     hdrs = H.nocache() + [("Content-Length", str(len(body))), ("Content-Type", metrics.CONTENT_TYPE)]
     return Response(200, "OK", hdrs, [body], trace={"service": "metrics"})
+
+
+@dataclass
+class _Call:
+    """One routed request, as its handler sees it: stock's cmd_main() state
+    once the repository is entered and its configuration read."""
+    req: Request
+    seen: dict
+    repo: paths.Repo
+    config: RepoConfig
+    cenv: dict[str, str]
+    namespace: Optional[str]
+    arg: str                # the matched text without its leading '/'
+    route: routes.Route
+    max_buffer: int
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return self.req.env
+
+    def context(self) -> ServiceContext:
+        return ServiceContext(self.repo, self.config, self.cenv, protocol_version(self.cenv.get("GIT_PROTOCOL")),
+                              self.namespace, [])
+
+    def snapshot(self) -> refs_mod.RefSnapshot:
+        return ServiceContext(self.repo, self.config, self.cenv, 0, self.namespace, []).snapshot(self.namespace)
+
+
+def _head(c: _Call) -> Response:
+    _getanyfile(c.config, [])
+    return dumb.strbuf([], "text/plain", dumb.head_body(c.snapshot()))
+
+
+def _info_refs(c: _Call) -> Response:
+    params = parameters(c.env.get("QUERY_STRING", ""))
+    prefix = H.nocache()
+    if "service" not in params:
+        _getanyfile(c.config, prefix)
+        return dumb.strbuf(prefix, "text/plain", dumb.info_refs_body(c.snapshot()))
+    _note_service(c.seen, params["service"])
+    svc = select_service(params["service"], c.config, c.env, prefix)
+    resp = _advertise(svc, c.context(), prefix)
+    resp.trace["service"] = svc
+    return resp
+
+
+def _info_packs(c: _Call) -> Response:
+    _getanyfile(c.config, [])
+    return dumb.strbuf(H.nocache(), "text/plain; charset=utf-8", dumb.info_packs_body(c.repo.gitdir))
+
+
+def _text_file(c: _Call) -> Response:
+    _getanyfile(c.config, [])
+    return dumb.local_file(c.repo.gitdir, c.arg, H.nocache(), "text/plain", c.env)
+
+
+def _file(c: _Call) -> Response:
+    _getanyfile(c.config, [])
+    return dumb.local_file(c.repo.gitdir, c.arg, H.forever(), c.route.content_type, c.env)
+
+
+def _service(c: _Call) -> Response:
+    _note_service(c.seen, c.arg)
+    svc = select_service(c.arg, c.config, c.env, [])
+    want = f"application/x-git-{svc}-request"
+    got = c.env.get("CONTENT_TYPE", "")
+    if got != want:
+        raise HttpError(415, "Unsupported Media Type",
+                        body=f"Expected POST with Content-Type '{want}', but received '{got}' instead.\n".encode())
+    ctx = c.context()
+    c.seen["trace"] = ctx.trace
+    resp = _rpc(svc, ctx, c.req, c.max_buffer)
+    resp.trace["service"] = svc
+    return resp
+
+
+# Stock's services[] table: each route of http/routes.py names its handler here.
+HANDLERS = {
+    "head": _head,
+    "info_refs": _info_refs,
+    "info_packs": _info_packs,
+    "text_file": _text_file,
+    "file": _file,
+    "service": _service,
+}
 
 
 def _handle(req: Request, seen: dict) -> Response:
@@ -224,59 +236,17 @@ def _handle(req: Request, seen: dict) -> Response:
     cenv = child_env(env, repo.gitdir, with_exec_path=method == "POST")
     config = RepoConfig.load(repo.gitdir, cenv)
     max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
-    namespace = env.get("GIT_NAMESPACE") or None
-    handler = m.route.handler
-    trace = {"repo": repo.path, "gitdir": repo.gitdir}
-
-    def snapshot() -> refs_mod.RefSnapshot:
-        return ServiceContext(repo, config, cenv, 0, namespace, []).snapshot(namespace)
-
-    if handler == "head":
-        _getanyfile(config, [])
-        resp = dumb.strbuf([], "text/plain", dumb.head_body(snapshot()))
-    elif handler == "info_refs":
-        params = parameters(env.get("QUERY_STRING", ""))
-        prefix = H.nocache()
-        if "service" in params:
-            _note_service(seen, params["service"])
-            svc = select_service(params["service"], config, env, prefix)
-            resp = _advertise(svc, ServiceContext(repo, config, cenv, protocol_version(cenv.get("GIT_PROTOCOL")),
-                                                  namespace, []), prefix)
-            trace["service"] = svc
-        else:
-            _getanyfile(config, prefix)
-            resp = dumb.strbuf(prefix, "text/plain", dumb.info_refs_body(snapshot()))
-    elif handler == "info_packs":
-        _getanyfile(config, [])
-        resp = dumb.strbuf(H.nocache(), "text/plain; charset=utf-8", dumb.info_packs_body(repo.gitdir))
-    elif handler == "text_file":
-        _getanyfile(config, [])
-        resp = dumb.local_file(repo.gitdir, m.arg, H.nocache(), "text/plain", env)
-    elif handler == "file":
-        _getanyfile(config, [])
-        resp = dumb.local_file(repo.gitdir, m.arg, H.forever(), m.route.content_type, env)
-    else:
-        _note_service(seen, m.arg)
-        svc = select_service(m.arg, config, env, [])
-        want = f"application/x-git-{svc}-request"
-        got = env.get("CONTENT_TYPE", "")
-        if got != want:
-            raise HttpError(415, "Unsupported Media Type",
-                            body=f"Expected POST with Content-Type '{want}', but received '{got}' instead.\n".encode())
-        ctx = ServiceContext(repo, config, cenv, protocol_version(cenv.get("GIT_PROTOCOL")), namespace, [])
-        seen["trace"] = ctx.trace
-        resp = _rpc(svc, ctx, req, max_buffer)
-        trace["service"] = svc
-    resp.trace.update(trace)
+    call = _Call(req, seen, repo, config, cenv, env.get("GIT_NAMESPACE") or None, m.arg, m.route, max_buffer)
+    resp = HANDLERS[m.route.handler](call)
+    resp.trace.update({"repo": repo.path, "gitdir": repo.gitdir})
     return resp
 
 
 def _advertise(svc: str, ctx: ServiceContext, prefix) -> Response:
-    from ..protocol import pktline
     if svc == "upload-pack":
-        from ..fetch import upload as service
+        from ..fetch import upload as service      # startup: a CGI request loads the one service it serves
     else:
-        from ..push import receive as service
+        from ..push import receive as service      # startup
     head = b""
     if ctx.protocol_version != 2:
         head = pktline.encode(f"# service=git-{svc}\n") + pktline.FLUSH
@@ -293,14 +263,16 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     limits = req.limits or Limits.from_env(req.env)
     body_obj: Optional[Body] = None
     if svc == "upload-pack":
-        from ..fetch import upload as service
+        from ..fetch import upload as service      # startup
         data = read_upload_request(req.input, length, gzip, max_buffer, limits)
         if not data:
             # stock's upload-pack dies on an empty request (t5562); Aspen says so with a status
             raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
         stream = service.serve(ctx, data)
     else:
-        from ..push import receive as service
+        from ..push import receive as service      # startup
+        from ..fetch import prewarm                # startup
+        ctx.after_push = (prewarm.kick,)           # a push's new version warms the cache for depth-1 clones
         if limits.max_push_bytes and length is not None and length > limits.max_push_bytes:
             raise HttpError(413, "Payload Too Large",
                             f"fatal: push of {length} bytes is larger than the server's limit of "
@@ -308,7 +280,7 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
         body_obj = Body(req.input, length, gzip, limits)
         stream = service.serve(ctx, body_obj)
     hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
-    if isinstance(stream, dumb.FileBody):
+    if isinstance(stream, FileBody):
         return Response(200, "OK", hdrs, stream, ctx.log, ctx.trace)     # a cached answer: sent as a file
     primed = _primed(iter(stream), body_obj)
     resp = Response(200, "OK", hdrs, primed, ctx.log, ctx.trace)

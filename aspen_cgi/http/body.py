@@ -9,6 +9,7 @@ from typing import IO, Optional
 
 from ..model.gitvalues import ConfigError, parse_size
 from .limits import INFLATE_FREE, UNLIMITED, Limits
+import io
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024
 CHUNK = 65536
@@ -203,5 +204,4 @@ def read_upload_request(stream: IO[bytes], length: Optional[int], gzip: bool, ma
     raw = Body(stream, length, False, limits).read_all(max(max_buffer, 8192))
     if not gzip:
         return raw
-    import io
     return Body(io.BytesIO(raw), None, True).read_all(max_buffer * INFLATE_FACTOR)

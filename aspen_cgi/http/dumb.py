@@ -10,6 +10,7 @@ from typing import Iterator, Mapping, Optional
 from .. import settings
 from ..model.refs import RefSnapshot
 from . import headers as H
+from ..service import FileBody
 from .message import HttpError, Response
 
 CHUNK = 65536
@@ -67,29 +68,6 @@ def info_packs_body(gitdir: str) -> bytes:
 def strbuf(prefix: list[tuple[str, str]], content_type: str, body: bytes) -> Response:
     hdrs = prefix + [("Content-Length", str(len(body))), ("Content-Type", content_type)]
     return Response(200, "OK", hdrs, [body])
-
-
-def _file_chunks(f) -> Iterator[bytes]:
-    with f:
-        while True:
-            chunk = f.read(CHUNK)
-            if not chunk:
-                return
-            yield chunk
-
-
-class FileBody:
-    """A file body that WSGI servers may send with sendfile (wsgi.file_wrapper)."""
-
-    def __init__(self, f, size: int):
-        self.file = f
-        self.size = size
-
-    def __iter__(self) -> Iterator[bytes]:
-        return _file_chunks(self.file)
-
-    def close(self) -> None:
-        self.file.close()
 
 
 def _opened_path(fd: int, path: str) -> str:

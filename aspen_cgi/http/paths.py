@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ..git import gitexec
+from ..service import Repo
 from .message import HttpError
 
 PATH_MAX = 4096
@@ -113,13 +114,6 @@ def _read_gitfile(path: str) -> Optional[str]:
     if not is_git_directory(target):
         raise die(f"not a git repository: {target}")
     return os.path.realpath(target)
-
-
-@dataclass(frozen=True)
-class Repo:
-    path: str        # the path as stock names it in messages (validated path)
-    gitdir: str      # the git directory on disk
-    bare: bool
 
 
 def enter_repo(path: str) -> Optional[Repo]:

@@ -184,7 +184,7 @@ class Flight:
         """The leader's flight (hold it until the answer is recorded), or a
         follower's, ended: look the answer up again. None where the
         repository has no state directory yet."""
-        import fcntl
+        import fcntl  # startup
         repo = _repo_dir(env)
         if repo is None:
             return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from .objectid import ZERO, is_null  # noqa: F401  (re-exported: the store's null id)
 
@@ -53,6 +53,19 @@ class Update:
     old: str
     new: str
     ff: bool
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    """One ref update a version recorded, as the store keeps it: OLD and NEW
+    values (ZERO: absent), the fast-forward flag, the type of NEW (the
+    `type` column) and NEW peeled when it is a tag."""
+    ref: str
+    old: str
+    new: str
+    ff: bool
+    otype: Optional[str]
+    peeled: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -164,3 +177,10 @@ class CloneView:
     peeled: frozenset[str]
     segments: tuple[SegmentPack, ...]
     monotone: bool = True        # no ref deleted or moved other than forward since the import
+
+
+class PackInfo(NamedTuple):
+    """A built version pack as the planner reads it."""
+    name: str                       # the pack's name, "" when the version introduced no object
+    boundary: tuple[str, ...]       # the commits just outside what the version introduced
+    refs: tuple[str, ...]           # the refs the version updated

@@ -43,7 +43,7 @@
   gone), so a deleted repository's directories are never re-created. Its store's connection is
   left open rather than closed (SQLite's close would delete the write-ahead
   log by name: a new repository's, if one replaced it). The pre-warmer
-  (cache/prewarm.py) uses the same guard. A narrow race remains: a file made
+  (fetch/prewarm.py) uses the same guard. A narrow race remains: a file made
   between a check and a `rm -rf` that has already listed its directory
   makes that `rm` fail (ENOTEMPTY); the file is removed when the builder
   notices, so nothing stays.
@@ -64,7 +64,9 @@ from typing import Callable, Mapping, Optional
 from ..git import gitexec
 from .. import settings
 from ..runtime.owners import owner_alive, owner_id
-from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident, open_store
+from ..refstore.guarded import open_store
+from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident
+from ..runtime.statedir import state_dir
 
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
@@ -78,7 +80,7 @@ def enabled(env: Mapping[str, str]) -> bool:
 
 def background_search():
     """How background builds search: the wide delta search at niceness NICE, one pack-objects thread."""
-    from .versionpack import DeltaSearch
+    from .versionpack import DeltaSearch  # startup
     return DeltaSearch(threads=1, nice=NICE)
 
 
@@ -171,7 +173,7 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     if config.version_packs == "off":
         return False
     if config.metrics:                  # its backlog is counted at scrape time from now on
-        from ..runtime import metrics
+        from ..runtime import metrics  # startup
         metrics.note_backlog(metrics.directory(env), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
     if running(packs_dir):
         return False
@@ -263,7 +265,7 @@ class _BuildSlot:
 
     def take(self) -> None:
         if self.slot is None:
-            from ..runtime import admission
+            from ..runtime import admission  # startup
             self.slot = admission.acquire_build(admission.limits(self.env), self.guard.check, self.on_wait)
             self.guard.check()
 
@@ -307,7 +309,8 @@ def build(store, search=None, on_version: Optional[Progress] = None,
 
 def _build_all(store, search, on_version: Optional[Progress], on_segment: Optional[Progress],
                guard: RepoGuard, slot: _BuildSlot, rep: BuildReport) -> None:
-    from .versionpack import DeltaSearch
+    from . import builder  # startup
+    from .versionpack import DeltaSearch  # startup
     search = search or DeltaSearch()
     quiet = compact_quiet(store.env)
     done_segments = 0
@@ -324,13 +327,13 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                 guard.watch_store(store)
                 if not store.all_packs_built():
                     slot.take()
-                    batch = store.build_packs(search, progress=lambda done, total, v: on_version and on_version(
+                    batch = builder.build_packs(store, search, progress=lambda done, total, v: on_version and on_version(
                         done, total, f"version {v}"), guard=guard)
                     rep.versions += batch
                     if batch:
                         continue
                     break
-                wait = _unquiet(store, quiet) if store.segments_to_build() else 0.0
+                wait = _unquiet(store, quiet) if builder.segments_to_build(store) else 0.0
                 if wait <= 0:
                     break
                 slot.release()    # pushes are landing: their version packs first (this lock kept), compaction after
@@ -338,31 +341,31 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
         finally:
             vlock.release()
         guard.check()
-        todo = store.segments_to_build()
+        todo = builder.segments_to_build(store)
         if todo:
             slock = BuildLock(store.packs_dir, SEGMENT_LOCK, guard)
             if not slock.acquire():
                 rep.busy, rep.busy_owner = slock.path, slock.holder()
                 return
             try:
-                todo = store.segments_to_build()       # again, holding the lock
+                todo = builder.segments_to_build(store)       # again, holding the lock
                 if todo:
                     lo, hi = todo[0]
                     if on_segment:
                         on_segment(done_segments, done_segments + len(todo), f"versions {lo}-{hi}")
                     slot.take()
-                    rep.segments.append(((lo, hi), store.build_segment(lo, hi, search, guard)))
+                    rep.segments.append(((lo, hi), builder.build_segment(store, lo, hi, search, guard)))
                     done_segments += 1
-                rep.pruned += store.prune_segments()
+                rep.pruned += builder.prune_segments(store)
             finally:
                 slock.release()
         if not todo:
             # nothing to compact: tidy up without the segment lock (both are safe against a
             # running builder), so that a finished build makes no file in the repository
             guard.check()
-            rep.pruned += store.prune_segments()
-            store.sweep_packs()
-            if store.all_packs_built() and not store.segments_to_build():
+            rep.pruned += builder.prune_segments(store)
+            builder.sweep_packs(store)
+            if store.all_packs_built() and not builder.segments_to_build(store):
                 if on_segment:
                     on_segment(done_segments, done_segments, "")
                 return
@@ -383,7 +386,6 @@ def _unquiet(store, quiet: float) -> float:
 def _build(gitdir: str, env: Mapping[str, str]) -> None:
     """A server thread's builder (IN_PROCESS): the thread itself runs at
     niceness NICE (Linux keeps one per thread), and so do its git children."""
-    from ..runtime.statedir import state_dir
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(NICE, gitexec.niceness()))
     except OSError:

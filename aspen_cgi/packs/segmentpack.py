@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ..refstore.segments import inside  # noqa: F401  (re-exported: which runs a larger one replaces)
 from . import versionpack
 from .versionpack import BuiltPack, DeltaSearch
 
@@ -36,11 +37,6 @@ def schedule(through: int) -> list[tuple[int, int]]:
                 out.append((lo, lo + size - 1))
             lo += size
     return out
-
-
-def inside(run: tuple[int, int], other: tuple[int, int]) -> bool:
-    """RUN lies within OTHER and is not OTHER."""
-    return run != other and other[0] <= run[0] and run[1] <= other[1]
 
 
 def build(gitdir: str, env: Mapping[str, str], after: Sequence[str], before: Sequence[str], outdir: str,

@@ -13,7 +13,7 @@ span is indexed only when it is: in random-fetch the splice was no larger
 in 53 of 69 plans). The choice is kept (`span-<key>` beside the packs, the key naming the plan's
 packs in order), so the next client in the same state gets it without a
 build; an unused span pack and its record are swept like any unrecorded
-pack (RefStore.sweep_packs)."""
+pack (builder.sweep_packs)."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def _object(type_code: int, content: bytes, hasher) -> tuple[int, bytes, bytes]:
 
 def _apply(chain: list[int], type_code: int, content: bytes, resolved, raw, by_id,
            hasher) -> tuple[int, bytes, bytes]:
-    from dulwich.pack import apply_delta
+    from dulwich.pack import apply_delta  # startup
     out = (type_code, content, b"")
     for offset in reversed(chain):
         delta = raw[offset][1]

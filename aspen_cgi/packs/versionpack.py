@@ -203,7 +203,7 @@ def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boun
 
 def _install(pack: str, tmp_idx: str, entries, trailer: bytes, outdir: str, size: int, guard) -> BuiltPack:
     """Write ENTRIES' index at TMP_IDX, then move PACK and it into OUTDIR under the trailer's name."""
-    from dulwich.pack import write_pack_index_v2
+    from dulwich.pack import write_pack_index_v2  # startup
     name = trailer.hex()
     pack_path = os.path.join(outdir, f"pack-{name}.pack")
     idx_path = os.path.join(outdir, f"pack-{name}.idx")
@@ -241,8 +241,8 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
     then the trees are not read here."""
     introduced, boundary = boundary.introduced, boundary.commits
     guard = guard or _Unguarded()
-    from . import thinindex
-    from .packfile import PackError
+    from . import thinindex  # startup
+    from .packfile import PackError  # startup
     try:
         if os.path.getsize(sent) > ADOPT_MAX:
             return None
@@ -298,8 +298,8 @@ class RepoObjects:
     PARSED = 4096         # commits and trees kept parsed per repository (the next push's boundary)
 
     def __init__(self, gitdir: str, env: Optional[Mapping[str, str]] = None):
-        from dulwich.object_format import SHA1, SHA256
-        from dulwich.object_store import DiskObjectStore
+        from dulwich.object_format import SHA1, SHA256  # startup
+        from dulwich.object_store import DiskObjectStore  # startup
         objects = os.path.join(gitdir, "objects")
         self.oid_len = oid_len(gitdir, os.environ if env is None else env)
         try:
@@ -329,9 +329,9 @@ class RepoObjects:
     def remember(self, known: Mapping[bytes, tuple[int, bytes]]) -> None:
         """Commits and trees just read from a pack (binary id -> (type, content)):
         the next version's boundary is often this one's commit."""
-        from dulwich.errors import ObjectFormatException
-        from dulwich.object_format import SHA1, SHA256
-        from dulwich.objects import Commit, Tree
+        from dulwich.errors import ObjectFormatException  # startup
+        from dulwich.object_format import SHA1, SHA256  # startup
+        from dulwich.objects import Commit, Tree  # startup
         fmt = SHA256 if self.oid_len == 32 else SHA1
         for oid, (type_code, content) in known.items():
             cls = Commit if type_code == 1 else Tree if type_code == 2 else None
@@ -357,7 +357,7 @@ class RepoObjects:
         object missing from it lies at its path in some parent, which is in
         B_v or introduced itself. None when something cannot be read or a
         tag points at neither a commit nor a tag."""
-        from dulwich.objects import Commit, Tag
+        from dulwich.objects import Commit, Tag  # startup
         out: dict[str, Optional[str]] = {}
         try:
             for c in introduced:
@@ -400,7 +400,7 @@ class RepoObjects:
 
     def at_path(self, commit: str, path: str) -> Optional[bytes]:
         """The binary id of the object at PATH ("" for the root tree) in COMMIT's tree."""
-        from dulwich.objects import Commit, Tree
+        from dulwich.objects import Commit, Tree  # startup
         try:
             obj = self.obj(commit.encode())
             if not isinstance(obj, Commit):
@@ -419,13 +419,13 @@ class RepoObjects:
 
 def oid_len(gitdir: str, env: Mapping[str, str]) -> int:
     """The length in bytes of the repository's object ids: 20 (SHA-1) or 32 (SHA-256)."""
-    from ..model.objectid import id_bytes
-    from ..git.repoconfig import RepoConfig
+    from ..model.objectid import id_bytes  # startup
+    from ..git.repoconfig import RepoConfig  # startup
     return id_bytes(RepoConfig.load(gitdir, env).object_format)
 
 
 def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:
     """(object id, offset, crc32) of the entries before offset END, sorted by id."""
-    from .packfile import PackIndex
+    from .packfile import PackIndex  # startup
     idx = PackIndex.load(idx_path)
     return sorted((idx.oid(i), idx.offset(i), idx.crc32(i)) for i in range(idx.count) if idx.offset(i) < end)

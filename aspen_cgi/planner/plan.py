@@ -102,13 +102,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection, Mapping, Optional, Protocol, Sequence
 
 from ..protocol.requests import FetchRequest
-from ..model.versions import AncestryAnswer, CloneView, TipAnswer, Visits
+from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer, Visits
 
 UNPROVED = "haves-not-proved"
 EXTRA_OBJECTS = "extra-objects"    # stored packs hold objects stock's answer would not leave the client with
 INVISIBLE_REF = "invisible-ref"     # a needed pack may hold objects of a ref this client may not see
 
-PackInfo = tuple[str, tuple[str, ...], tuple[str, ...]]
+NO_PACK = PackInfo("", (), ())
 
 
 class History(Protocol):
@@ -122,7 +122,7 @@ class History(Protocol):
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """commit -> (the versions that introduced it, oldest first; its parents), where a build recorded them."""
     def pack_of(self, version: int) -> Optional[PackInfo]:
-        """(pack name or "" when empty, boundary commits, refs it updated); None if not built."""
+        """VERSION's pack; None if not built."""
     def pack_holds(self, name: str, oids: Collection[str]) -> frozenset[str]:
         """Which of OIDS the stored pack NAME holds."""
     def version_values(self, version: int) -> tuple[str, ...]:
@@ -386,8 +386,8 @@ class _Walk:
             info = self.pack(self.work.pop())
             if info is None:
                 return "not-built"
-            self.prefetch([c for c in info[1] if c not in self.proved])
-            for c in info[1]:
+            self.prefetch([c for c in info.boundary if c not in self.proved])
+            for c in info.boundary:
                 if c not in self.proved:
                     self.proved[c] = self.in_closure(c)
                 if not self.proved[c]:
@@ -416,9 +416,9 @@ class _Walk:
         introduced = self.introduced_by(c)
         for j in introduced:
             info = self.pack(j)
-            if info is None or len(info[2]) != 1:
+            if info is None or len(info.refs) != 1:
                 continue
-            if self.tip_below_have(c, ((j, info[2][0]),)):
+            if self.tip_below_have(c, ((j, info.refs[0]),)):
                 return True
         if introduced and self.graph_reaches(c, introduced[0]):
             self.count.proofs.append(f"{c[:12]} is an ancestor of a have (parents walked)")
@@ -450,8 +450,8 @@ class _Walk:
         for ans in self.have_answers.values():
             for k, ref in ans.tips:
                 info = self.pack(k)
-                if info is not None and info[2] == (ref,):
-                    self.beneath.update(info[1])
+                if info is not None and info.refs == (ref,):
+                    self.beneath.update(info.boundary)
         self.beneath -= self.haves
         self.learn(self.tips_many(sorted(self.beneath)))
         return bool(self.beneath)
@@ -517,7 +517,7 @@ class _Walk:
         """INVISIBLE_REF when a needed version wrote a ref VISIBLE rejects."""
         for v in self.needed:
             info = self.pack(v)
-            if info is None or not all(visible(ref) for ref in info[2]):
+            if info is None or not all(visible(ref) for ref in info.refs):
                 return INVISIBLE_REF
         return None
 
@@ -530,7 +530,7 @@ class _Walk:
 
     def plan(self) -> Plan:
         order = tuple(sorted(self.needed))
-        packs = tuple((self.pack(v) or ("",))[0] for v in order)
+        packs = tuple((self.pack(v) or NO_PACK).name for v in order)
         c = self.count
         return Plan(order, packs, len(c.versions), len(c.segments), tuple(c.proofs),
                     tuple(v != 1 for v in order), order, c.lookups,
@@ -612,7 +612,7 @@ def _include_tags(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Op
             return None
         looked.update(fresh)
         for v in fresh:
-            name = (walk.pack(v) or ("",))[0]
+            name = (walk.pack(v) or NO_PACK).name
             if name:
                 walk.count.lookups += 1
                 sent |= walk.history.pack_holds(name, probe - sent)
@@ -650,7 +650,7 @@ def _exact(req: FetchRequest, tags: Mapping[str, str], walk: _Walk) -> Optional[
             reach.prefetch([x for x in values if x not in reach.haves])
             if all(_reached(x, reach, tags, include_tag) for x in values):
                 info = walk.pack(v)
-                fresh = [c for c in (info[1] if info else ()) if c not in reach.haves]
+                fresh = [c for c in (info.boundary if info else ()) if c not in reach.haves]
                 reach.haves.update(fresh)
                 reach.learn(reach.tips_many(fresh))
             else:
@@ -725,7 +725,7 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
             count.visit((lo,))
             if info is None:
                 return None
-            name = info[0]
+            name = info.name
         if name:
             names.append(name)
             firsts.append(lo)

@@ -139,7 +139,7 @@ def read_commands(reader: pktline.Reader) -> PushRequest:
             continue
         commands.append(parse_command(line))
     if cert:
-        from .pushcert import command_lines     # hashlib and hmac: only for signed pushes
+        from .pushcert import command_lines  # startup: hashlib and hmac: only for signed pushes
         commands += [parse_command(line, rest) for line, rest in command_lines(bytes(cert))]
     return PushRequest(tuple(commands), caps, tuple(shallow), cert=bytes(cert) or None)
 

@@ -1,7 +1,7 @@
 """One push, in stock receive-pack's order: read commands (a signed push's
 certificate too) and push options, take the pack into a quarantine (with
 the client's shallow commits, when it pushes from a shallow clone:
-shallowpush.py), check connectivity and hidden refs, run pre-receive,
+push/shallow.py), check connectivity and hidden refs, run pre-receive,
 migrate, hand the refs receive.procReceiveRefs names to the proc-receive
 hook (procreceive.py), check and update each other ref (update hook, new
 shallow roots, CAS through update-ref), report, then post-receive,
@@ -29,7 +29,9 @@ from ..git.reader import object_info
 from ..model.refs import HiddenRefs, namespace_prefix
 from ..refstore import db as store_db
 from ..runtime.owners import fault
+from ..service import ServiceRefused
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
+from ..refstore.store import packs_dir_of, sent_pack_path
 
 if TYPE_CHECKING:
     from .signed import Certificate
@@ -86,10 +88,10 @@ class Push:
         self.ff_known: dict[tuple[str, str], bool] = {}
         self.nonce: Optional[str] = None      # issued as receive-pack issues one, as it starts
         if ctx.config.has("receive.certnonceseed"):
-            from .signed import NoncePolicy   # signed pushes' modules only where they are on
+            from .signed import NoncePolicy  # startup: signed pushes' modules only where they are on
             self.nonce = NoncePolicy.from_config(ctx.config).issue()
         self.cert: Optional["Certificate"] = None
-        import uuid  # only pushes pay for it
+        import uuid  # startup: only pushes pay for it
         self.push_id = uuid.uuid4().hex
 
     # -- the response stream -------------------------------------------------
@@ -159,8 +161,7 @@ class Push:
     def _run(self) -> Iterator[bytes]:
         if self.policy.refused:
             # stock's receive-pack dies reading such a configuration (a 200 with an empty body)
-            from ..http.message import HttpError
-            raise HttpError(500, "Internal Server Error", f"fatal: {self.policy.refused}")
+            raise ServiceRefused(500, "Internal Server Error", f"fatal: {self.policy.refused}")
         reader = pktline.Reader(self.body)
         req = push.read_commands(reader)
         if not req.commands:
@@ -173,7 +174,7 @@ class Push:
         self.msgs.sideband = neg.sideband
         self.ctx.trace["commands"] = len(req.commands)
         if req.cert is not None:
-            from .signed import Certificate, NoncePolicy
+            from .signed import Certificate, NoncePolicy  # startup
             self.cert = Certificate(req.cert, NoncePolicy.from_config(self.ctx.config), self.nonce, self.ctx.config,
                                     self.gitdir, self.ctx.env, self.ctx.log)
 
@@ -218,15 +219,16 @@ class Push:
             yield pktline.FLUSH
 
     def _background_work(self) -> None:
-        """After a push landed: its version pack (when built) and its pre-warm."""
-        from ..fetch import prewarm
-        from ..packs import background
+        """After a push landed: its version pack (when built), then the jobs
+        the request's composer registered (ServiceContext.after_push: pre-warm)."""
+        from ..packs import background     # startup: pushes without a store never load the builder
         store = self.ctx.refstore()
         if store is None:
             return
         if background.enabled(self.ctx.env):
             background.kick(self.gitdir, store.packs_dir, self.ctx.env)
-        prewarm.kick(self.gitdir, self.ctx.env, background.IN_PROCESS)
+        for job in self.ctx.after_push:
+            job(self.gitdir, self.ctx.env, background.IN_PROCESS)
 
     # -- pack intake ------------------------------------------------------------
 
@@ -259,7 +261,7 @@ class Push:
         then it is its version's N_v and objects (sentpack.Listing), for adopt().
         Not with alternates: the walk left out what their refs reach, which no
         version of this repository holds."""
-        from ..packs.sentpack import Listing
+        from ..packs.sentpack import Listing  # startup
         if len(states) != 1 or states[0].cmd.is_delete or self.new_objects is None:
             return None
         if states[0].cmd.new not in self.walked:      # a shallow update: checked with its own roots
@@ -271,9 +273,8 @@ class Push:
     def _keep_sent(self, header: bytes):
         """The client's pack, kept for its version's build when version packs are on.
         The store is not opened here: the push opens it where it may wait for it."""
-        from ..packs import background
-        from ..packs.sentpack import SentPack
-        from ..refstore.store import packs_dir_of, sent_pack_path
+        from ..packs import background  # startup
+        from ..packs.sentpack import SentPack  # startup
         packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.env) else None
         if packs is None:
             return None

@@ -13,13 +13,14 @@ from ..protocol import advertise as adv
 from ..runtime.memo import Memo
 from ..git.reader import read_refs, shallow_roots
 from ..model.refs import HiddenRefs
+from ..model.refs import namespace_prefix
 
 
 def _caps(ctx) -> adv.ReceiveCaps:
     c = ctx.config
     nonce = None
     if c.has("receive.certnonceseed"):
-        from .signed import NoncePolicy   # only where signed pushes are on
+        from .signed import NoncePolicy  # startup: only where signed pushes are on
         nonce = NoncePolicy.from_config(c).issue()
     return adv.ReceiveCaps(
         atomic=c.bool("receive.advertiseatomic", True),
@@ -54,7 +55,6 @@ def advertise_lines(ctx, snap=None, alternates=None) -> list[tuple[str, str]]:
     prefix = ""
     snap = snap if snap is not None else ctx.snapshot(None)
     if ctx.namespace:
-        from ..model.refs import namespace_prefix
         prefix = namespace_prefix(ctx.namespace)
     seen: set[str] = set()
     lines = []
@@ -92,5 +92,5 @@ def serve(ctx, body) -> Iterable[bytes]:
     """Answer one push request. Everything up to the end of the pack is read
     before the first chunk is produced, so a bad or short body becomes an
     HTTP error; later failures are reported in the protocol."""
-    from .flow import Push
+    from .flow import Push  # startup
     return Push(ctx, body).run()

@@ -223,7 +223,7 @@ class _SigFile:
         self.name = ""
 
     def __enter__(self) -> str:
-        import tempfile
+        import tempfile  # startup
         fd, self.name = tempfile.mkstemp(prefix=".git_vtag_tmp", dir=self.dir)
         with os.fdopen(fd, "wb") as f:
             f.write(self.data)

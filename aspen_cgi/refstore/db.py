@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
+from urllib.parse import quote
 
 SCHEMA_VERSION = 6
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
@@ -148,7 +149,7 @@ MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6]
 
 
 def _migrate(conn: Conn) -> None:
-    import sqlite_utils   # heavy (it imports numpy when present): only when a schema is created or moved
+    import sqlite_utils  # startup: heavy (it imports numpy when present): only when a schema is created or moved
 
     def run() -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -618,7 +619,6 @@ def unbuilt_count(path: str) -> Optional[int]:
     most 200 ms for a locked store, and its close neither checkpoints nor
     removes the write-ahead log; like any reader it makes `-wal` and `-shm`
     beside the file when no connection had); None when it cannot be read."""
-    from urllib.parse import quote
     try:
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.2, isolation_level=None)
     except sqlite3.Error:

@@ -331,7 +331,6 @@ class LooseWrite:
 
 def stale_locks(gitdir: str, older_than: float) -> list[str]:
     """Ref lock files (refs/**.lock, packed-refs.lock) untouched for OLDER_THAN seconds."""
-    import time
     now = time.time()
     out = []
     candidates = [os.path.join(gitdir, "packed-refs.lock"), os.path.join(gitdir, "HEAD.lock")]

@@ -12,6 +12,9 @@ Nodes with index 0 are never built: they would contain version 1 (the import,
 which creates every ref) and no query range (j, k] with j ≥ 1 can use them.
 Create/delete churn cannot grow the stack either: node sizes count versions,
 not bytes, so tombstones neither shrink a node nor outlive it.
+
+`inside()` is the same arithmetic for the runs of versions segment packs
+cover: a run inside a larger one is dropped once that one is built.
 """
 
 from __future__ import annotations
@@ -58,3 +61,8 @@ def cover(lo: int, hi: int, compacted_through: int) -> list[tuple[int, int]]:
 
 def levels(n: int) -> int:
     return max(0, n.bit_length() - 1)
+
+
+def inside(run: tuple[int, int], other: tuple[int, int]) -> bool:
+    """RUN (first and last version) lies within OTHER and is not OTHER."""
+    return run != other and other[0] <= run[0] and run[1] <= other[1]

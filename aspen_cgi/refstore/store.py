@@ -10,25 +10,25 @@
   place, and the version is marked done and compacted.
 - `is_ancestor()`, `tips()` and `tips_many()` are the planner's history
   questions; their answers say which versions and segments they read.
-- `build_packs()` builds the version packs; `build_segment()` and
-  `prune_segments()` keep the segment packs a full clone is spliced from
+- The version and segment packs are built by packs/builder.py; the store
+  records them (`record_version_pack()`, `record_segment_pack()`,
+  `drop_nested_segments()`) and says what a full clone is spliced from
   (`clone_view()`).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ..model import refs as refs_mod
 from .. import settings
 from ..runtime.statedir import state_dir
 from . import db, diskrefs, fingerprint, reflocks, segments, views
 from ..runtime.owners import fault, owner_alive, owner_id
-from ..model.versions import ZERO, is_null, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer, Version, VersionMeta, VerifyReport, Visits
+from ..model.versions import ZERO, is_null, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
 
@@ -43,11 +43,36 @@ _inflight: set[tuple[str, int]] = set()
 _lock = threading.Lock()
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+class PackFacts(Protocol):
+    """What the store records of a built pack (packs/versionpack.BuiltPack)."""
+    @property
+    def name(self) -> str: ...
+    @property
+    def objects(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+
+class SearchFacts(Protocol):
+    """What the store records of the delta search a pack was built with (versionpack.DeltaSearch)."""
+    @property
+    def window(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def compression(self) -> int: ...
+
+
+class BoundaryFacts(Protocol):
+    """What the store records of a version's boundary (versionpack.Boundary)."""
+    @property
+    def introduced(self) -> Sequence[str]: ...
+    @property
+    def commits(self) -> Sequence[str]: ...
+    @property
+    def parents(self) -> Mapping[str, Sequence[str]]: ...
+    @property
+    def times(self) -> Mapping[str, int]: ...
 
 
 def sent_pack_path(packs_dir: str, push_id: str) -> str:
@@ -459,67 +484,16 @@ class RefStore:
     def packs_dir(self) -> str:
         return os.path.join(os.path.dirname(self.path), "packs")
 
-    def build_packs(self, search=None, limit: Optional[int] = None,
-                    progress: Optional[Callable[[int, int, int], None]] = None,
-                    guard=None) -> list[tuple[int, object]]:
-        """Build the version packs not built yet, oldest version first (the
-        import version's is the whole repository). PROGRESS(done, total, version).
-        GUARD (repoguard.RepoGuard) stops the build when the repository goes."""
-        from ..packs import versionpack as vp
-        from ..packs.sentpack import listing_path, read_listing
-        search = search or vp.DeltaSearch()
-        todo = db.versions_without_pack(self.conn, limit or (1 << 62))
-        if not todo:
-            return []
-        values = db.refs_before(self.conn, todo[0])
-        out = []
-        objects = None
-        for n, vid in enumerate(todo):
-            if progress:
-                progress(n, len(todo), vid)
-            ups = db.version_updates(self.conn, vid)
-            tips = [new for _, _, new, _, _, _ in ups if not is_null(new)]
-            peeled = [p if t == "tag" and p else new for _, _, new, _, t, p in ups
-                      if not is_null(new) and t in (None, "commit", "tag")]
-            if guard is not None:
-                guard.check()
-            sent = self._sent_pack(vid)
-            listing = read_listing(sent) if sent is not None else None
-            before = set(values.values())
-            b = vp.boundary_listed(listing, tips, peeled, before)
-            if b is None:
-                listing = None
-                b = vp.boundary_of(self.gitdir, self.env, tips, peeled, sorted(before), search, guard)
-            built, how = None, search
-            if tips and sent is not None:
-                objects = objects or vp.RepoObjects(self.gitdir, self.env)
-                built = vp.adopt(tips, b, sent, self.packs_dir, objects, guard,
-                                 listing.objects if listing is not None else None)
-                how = vp.CLIENT_DELTAS if built else search
-            if tips and built is None:
-                built = vp.build(self.gitdir, self.env, tips, b.commits, self.packs_dir, search, guard)
-            if sent is not None:
-                _unlink(sent)
-                _unlink(listing_path(sent))
-            def record(conn: db.Conn, vid=vid, built=built, b=b, how=how) -> None:
-                db.drop_introduced(conn, vid)                   # N_v exactly, whatever the push listed
-                db.insert_introduced(conn, vid, b.introduced)
-                db.insert_parents(conn, b.parents, b.times)
-                db.record_pack(conn, vid, built.name if built else "", built.objects if built else 0,
-                               built.size if built else 0, time.time(), how.window, how.depth,
-                               how.compression, b.commits)
-            db.write(self.conn, record)
-            out.append((vid, built))
-            for ref, _, new, _, _, _ in ups:
-                if is_null(new):
-                    values.pop(ref, None)
-                else:
-                    values[ref] = new
-        if progress:
-            progress(len(todo), len(todo), todo[-1])
-        return out
+    def refs_before(self, version: int) -> dict[str, str]:
+        """S_{v-1}: every ref's value after the done versions before VERSION."""
+        return db.refs_before(self.conn, version)
 
-    def _sent_pack(self, version: int) -> Optional[str]:
+    def version_updates(self, version: int) -> list[UpdateRow]:
+        """The updates VERSION recorded, by ref."""
+        return [UpdateRow(ref, old, new, bool(ff), otype, peeled)
+                for ref, old, new, ff, otype, peeled in db.version_updates(self.conn, version)]
+
+    def sent_pack(self, version: int) -> Optional[str]:
         """The pack VERSION's push sent, if it kept one (adopt() checks that it holds
         exactly this version's objects: a push of several refs makes several versions)."""
         push_id = db.version_push_id(self.conn, version)
@@ -527,6 +501,19 @@ class RefStore:
             return None
         path = sent_pack_path(self.packs_dir, push_id)
         return path if os.path.exists(path) else None
+
+    def record_version_pack(self, version: int, built: Optional[PackFacts], boundary: BoundaryFacts,
+                            how: SearchFacts) -> None:
+        """Record VERSION's pack (BUILT; None: the version has no new values), built
+        with delta search HOW, its boundary, and the commits it introduced."""
+        def tx(conn: db.Conn) -> None:
+            db.drop_introduced(conn, version)                   # N_v exactly, whatever the push listed
+            db.insert_introduced(conn, version, boundary.introduced)
+            db.insert_parents(conn, boundary.parents, boundary.times)
+            db.record_pack(conn, version, built.name if built else "", built.objects if built else 0,
+                           built.size if built else 0, time.time(), how.window, how.depth,
+                           how.compression, boundary.commits)
+        db.write(self.conn, tx)
 
     def all_packs_built(self) -> bool:
         return not db.versions_without_pack(self.conn, 1)
@@ -548,90 +535,41 @@ class RefStore:
 
     # -- segment packs ---------------------------------------------------------------------------
 
-    def segments_to_build(self) -> list[tuple[int, int]]:
-        """The runs the schedule asks for over the versions packed so far, not built yet, in order."""
-        from ..packs import segmentpack as sp
+    def packed_through_and_runs(self) -> tuple[int, set[tuple[int, int]]]:
+        """settled()'s packed-through version and the runs (lo, hi) of the
+        segment packs recorded, read together."""
         with db.reading(self.conn) as conn:
-            through = db.packed_through(conn)
-            have = {(lo, hi) for lo, hi, *_ in db.segment_packs(conn)}
-        return [run for run in sp.schedule(through) if run not in have]
+            return db.packed_through(conn), {(lo, hi) for lo, hi, *_ in db.segment_packs(conn)}
 
-    def build_segment(self, lo: int, hi: int, search=None, guard=None):
-        """Build and record the segment pack of versions LO … HI (all done); the
-        BuiltPack or None when empty. GUARD as for build_packs."""
-        from ..packs import segmentpack as sp
-        from ..packs.versionpack import DeltaSearch
-        search = search or DeltaSearch()
+    def run_values(self, lo: int, hi: int) -> tuple[list[str], list[str]]:
+        """The ref values after version HI and those before version LO, read together."""
         with db.reading(self.conn) as conn:
             after = list(db.refs_before(conn, hi + 1).values())
             before = list(db.refs_before(conn, lo).values())
-        built = sp.build(self.gitdir, self.env, after, before, self.packs_dir, search, guard) if after else None
-        if built is not None and not built.objects:
-            built = None            # its file goes with the next sweep unless a version pack shares it
+        return after, before
+
+    def record_segment_pack(self, lo: int, hi: int, built: Optional[PackFacts], search: SearchFacts) -> None:
+        """Record the segment pack of versions LO … HI (BUILT; None: it holds nothing)."""
         db.write(self.conn, lambda conn: db.record_segment_pack(
             conn, lo, hi, built.name if built else "", built.objects if built else 0, built.size if built else 0,
             time.time(), search.window, search.depth, search.compression))
-        return built
 
-    def prune_segments(self) -> list[tuple[int, int]]:
-        """Forget the segment packs that lie inside a larger built one and delete
-        their files (a clone reading one keeps its open file; one that finds it
-        gone falls back to git)."""
-        from ..packs import segmentpack as sp
-
+    def drop_nested_segments(self) -> tuple[list[tuple[int, int]], list[str]]:
+        """Forget the segment packs that lie inside a larger recorded one: their
+        runs, and the names of their packs no row names any more (sorted)."""
         def tx(conn: db.Conn) -> tuple[list[tuple[int, int]], list[str]]:
             rows = db.segment_packs(conn)
             runs = [(lo, hi) for lo, hi, *_ in rows]
-            gone = [(lo, hi, name) for lo, hi, name, *_ in rows if any(sp.inside((lo, hi), r) for r in runs)]
+            gone = [(lo, hi, name) for lo, hi, name, *_ in rows if any(segments.inside((lo, hi), r) for r in runs)]
             for lo, hi, _ in gone:
                 db.delete_segment_pack(conn, lo, hi)
             used = db.pack_names(conn)
             return [(lo, hi) for lo, hi, _ in gone], sorted({n for *_, n in gone if n and n not in used})
-        runs, names = db.write(self.conn, tx)
-        for name in names:
-            for ext in (".pack", ".idx"):
-                try:
-                    os.unlink(os.path.join(self.packs_dir, f"pack-{name}{ext}"))
-                except OSError:
-                    pass
-        return runs
+        return db.write(self.conn, tx)
 
-    def sweep_packs(self, min_age: float = 3600.0) -> list[str]:
-        """Remove what crashed builders left in the packs directory: pack files no
-        row names and packs pushes kept that no build took (untouched for
-        MIN_AGE seconds), and scratch directories of processes that are gone.
-        The paths removed."""
-        from ..packs import spanpack, versionpack as vp
-        try:
-            names = os.listdir(self.packs_dir)
-        except OSError:
-            return []
-        used = db.pack_names(self.conn)
-        now = time.time()
-        out = []
-        for n in names:
-            path = os.path.join(self.packs_dir, n)
-            if n.startswith(vp.SCRATCH_PREFIX):
-                if not vp.scratch_owner_alive(n):
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        _unlink(path)            # an adopted pack's index being written
-                    out.append(path)
-                continue
-            stem, ext = os.path.splitext(n)
-            sent = (stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp", ".list", ".tmp-list")  # a push's, never built from
-                    or n.startswith(spanpack.PREFIX))                   # which span pack answers a plan
-            if not sent and (not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used):
-                continue
-            try:
-                st = os.stat(path)
-                if now - max(st.st_mtime, st.st_ctime) >= min_age:
-                    os.unlink(path)
-                    out.append(path)
-            except OSError:
-                pass
-        return out
+    def pack_names(self) -> set[str]:
+        """Every pack name a version or segment pack row refers to."""
+        return db.pack_names(self.conn)
 
     def segment_packs(self) -> list[SegmentPack]:
         return [SegmentPack(*row) for row in db.segment_packs(self.conn)]
@@ -743,7 +681,7 @@ class RefStore:
 
     def verify(self, progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
         """The store against itself, the refs on disk and the objects."""
-        from .verify import verify
+        from .verify import verify  # startup
         return verify(self.conn, self.gitdir, self.env, progress)
 
 

@@ -387,7 +387,7 @@ def totals(where: str) -> dict[str, float]:
 def note_backlog(where: str, store_path: str) -> None:
     """Remember that the store at STORE_PATH (its aspen.sqlite3) has versions to
     build, so that scrapes count them; cheap when remembered recently."""
-    import hashlib
+    import hashlib  # startup
     try:
         name = hashlib.sha256(store_path.encode("utf-8", "surrogateescape")).hexdigest()[:24]
         mark = os.path.join(where, BACKLOG, name)
@@ -405,81 +405,6 @@ def note_backlog(where: str, store_path: str) -> None:
         os.replace(tmp, mark)
     except OSError:
         pass
-
-
-def backlog(where: str) -> tuple[int, int]:
-    """(versions without their pack, repositories with any) over the marked stores."""
-    from ..refstore import db
-    versions = repos = 0
-    folder = os.path.join(where, BACKLOG)
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return 0, 0
-    now = time.time()
-    for e in entries:
-        if "." in e.name:
-            try:                                     # a writer's leftover, killed between write and rename
-                if now - e.stat().st_mtime > PRUNE_S:
-                    os.unlink(e.path)
-            except OSError:
-                pass
-            continue
-        try:
-            with open(e.path, encoding="utf-8", errors="surrogateescape") as f:
-                store_path = f.read().rstrip("\n")
-            age = now - e.stat().st_mtime
-        except OSError:
-            continue
-        if not os.path.isfile(store_path):
-            _unlink(e.path)                          # the repository (or its store) is gone
-            continue
-        n = db.unbuilt_count(store_path)
-        if n == 0 and age > PRUNE_S:
-            # set the mark aside, then look again: a push that lands meanwhile either is
-            # seen now or marks the repository afresh (its kick comes after its version)
-            aside = f"{e.path}.{os.getpid()}.aside"
-            try:
-                os.rename(e.path, aside)
-            except OSError:
-                continue
-            n = db.unbuilt_count(store_path)
-            if n:
-                os.replace(aside, e.path)
-            else:
-                _unlink(aside)
-        if n:
-            versions += n
-            repos += 1
-    return versions, repos
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-# -- reading them -----------------------------------------------------------------------------------
-
-def gauges(env: Mapping[str, str], where: str) -> dict[str, float]:
-    from . import admission
-    g = admission.gauges(admission.limits(env))
-    versions, repos = backlog(where)
-    return {"aspen_admission_queue_depth": g.queued, "aspen_admission_cold_running": g.running,
-            "aspen_pack_builds_running": g.builds, "aspen_version_pack_backlog": versions,
-            "aspen_version_pack_backlog_repositories": repos}
-
-
-def snapshot(env: Mapping[str, str]) -> dict[str, float]:
-    """Every series now: the counters added up and the gauges read."""
-    where = directory(env)
-    out = totals(where)
-    for name in UNLABELLED:
-        out.setdefault(name, 0)
-    out.update(gauges(env, where))
-    return out
 
 
 def exposition(values: Mapping[str, float]) -> str:

@@ -7,7 +7,7 @@ they differ. Work makes directories through it one level at a time (never
 `makedirs`), so a deleted repository's directories are never re-created,
 and `undo()` removes what the work made (the same inodes only) and, when the
 repository is being deleted where it stands, what Aspen keeps in it.
-`open_store()` opens the ref store for such work without making its
+`refstore/guarded.open_store()` opens the ref store for such work without making its
 directory. A store whose repository went is never closed (`abandon`):
 SQLite's close would delete the write-ahead log by name, a new
 repository's if one replaced it."""
@@ -173,28 +173,3 @@ def abandon(store) -> None:
 
 
 STORE_FILES = ("", "-wal", "-shm", "-writer")
-
-
-def open_store(gitdir: str, env: Mapping[str, str], guard: RepoGuard):
-    """The repository's store for background work (None when there is none):
-    never made where missing, and the files opening it made (SQLite's log
-    and shared memory when no other connection had them open) are GUARD's to
-    remove in undo(); removed at once, raising RepositoryGone, when the
-    repository turns out gone by the time it is open."""
-    from ..refstore.store import RefStore
-    base = os.path.join(guard.state_dir or "", "aspen.sqlite3")
-    before = {s for s in STORE_FILES if os.path.lexists(base + s)}
-    guard.check()
-    store = RefStore.open(gitdir, env, create=False)
-    if store is None:
-        return None
-    for s in STORE_FILES:
-        ident = identity(base + s) if s not in before else None
-        if ident is not None:
-            guard.files.append((base + s, ident))
-    if not guard.alive():
-        abandon(store)
-        guard.undo()
-        raise RepositoryGone(gitdir)
-    guard.watch_store(store)
-    return store

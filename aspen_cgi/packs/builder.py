@@ -1,0 +1,153 @@
+"""Building a RefStore's stored packs: the version packs (oldest version
+first, the import version's being the whole repository) and the segment
+packs the schedule asks for (segmentpack.py), each recorded through the
+store; then pruning the runs a larger one replaced and sweeping what crashed
+builders left in the packs directory.
+
+The store keeps the data (what is built, what each version changed, the
+records); this module builds: it runs git, writes and deletes pack files,
+and tells the store what it made. Who calls it, and when: background.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Callable, Optional
+
+from ..model.versions import is_null
+from ..refstore.store import SENT_PREFIX, RefStore
+from . import segmentpack as sp
+from . import spanpack
+from . import versionpack as vp
+from .sentpack import listing_path, read_listing
+from .versionpack import BuiltPack, DeltaSearch
+
+Progress = Callable[[int, int, int], None]
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Optional[int] = None,
+                progress: Optional[Progress] = None, guard=None) -> list[tuple[int, Optional[BuiltPack]]]:
+    """Build STORE's version packs not built yet, oldest version first (the
+    import version's is the whole repository); (version, BuiltPack or None
+    when it has no new values) of each. PROGRESS(done, total, version).
+    GUARD (repoguard.RepoGuard) stops the build when the repository goes."""
+    search = search or DeltaSearch()
+    todo = store.unbuilt(limit or (1 << 62))
+    if not todo:
+        return []
+    values = store.refs_before(todo[0])
+    out: list[tuple[int, Optional[BuiltPack]]] = []
+    objects = None
+    for n, vid in enumerate(todo):
+        if progress:
+            progress(n, len(todo), vid)
+        ups = store.version_updates(vid)
+        tips = [u.new for u in ups if not is_null(u.new)]
+        peeled = [u.peeled if u.otype == "tag" and u.peeled else u.new for u in ups
+                  if not is_null(u.new) and u.otype in (None, "commit", "tag")]
+        if guard is not None:
+            guard.check()
+        sent = store.sent_pack(vid)
+        listing = read_listing(sent) if sent is not None else None
+        before = set(values.values())
+        b = vp.boundary_listed(listing, tips, peeled, before)
+        if b is None:
+            listing = None
+            b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
+        built, how = None, search
+        if tips and sent is not None:
+            objects = objects or vp.RepoObjects(store.gitdir, store.env)
+            built = vp.adopt(tips, b, sent, store.packs_dir, objects, guard,
+                             listing.objects if listing is not None else None)
+            how = vp.CLIENT_DELTAS if built else search
+        if tips and built is None:
+            built = vp.build(store.gitdir, store.env, tips, b.commits, store.packs_dir, search, guard)
+        if sent is not None:
+            _unlink(sent)
+            _unlink(listing_path(sent))
+        store.record_version_pack(vid, built, b, how)
+        out.append((vid, built))
+        for u in ups:
+            if is_null(u.new):
+                values.pop(u.ref, None)
+            else:
+                values[u.ref] = u.new
+    if progress:
+        progress(len(todo), len(todo), todo[-1])
+    return out
+
+
+def segments_to_build(store: RefStore) -> list[tuple[int, int]]:
+    """The runs the schedule asks for over the versions packed so far, not built yet, in order."""
+    through, have = store.packed_through_and_runs()
+    return [run for run in sp.schedule(through) if run not in have]
+
+
+def build_segment(store: RefStore, lo: int, hi: int, search: Optional[DeltaSearch] = None,
+                  guard=None) -> Optional[BuiltPack]:
+    """Build and record the segment pack of versions LO … HI (all done); the
+    BuiltPack or None when empty. GUARD as for build_packs."""
+    search = search or DeltaSearch()
+    after, before = store.run_values(lo, hi)
+    built = sp.build(store.gitdir, store.env, after, before, store.packs_dir, search, guard) if after else None
+    if built is not None and not built.objects:
+        built = None            # its file goes with the next sweep unless a version pack shares it
+    store.record_segment_pack(lo, hi, built, search)
+    return built
+
+
+def prune_segments(store: RefStore) -> list[tuple[int, int]]:
+    """Forget the segment packs that lie inside a larger built one and delete
+    their files (a clone reading one keeps its open file; one that finds it
+    gone falls back to git)."""
+    runs, names = store.drop_nested_segments()
+    for name in names:
+        for ext in (".pack", ".idx"):
+            _unlink(os.path.join(store.packs_dir, f"pack-{name}{ext}"))
+    return runs
+
+
+def sweep_packs(store: RefStore, min_age: float = 3600.0) -> list[str]:
+    """Remove what crashed builders left in STORE's packs directory: pack files
+    no row names and packs pushes kept that no build took (untouched for
+    MIN_AGE seconds), and scratch directories of processes that are gone.
+    The paths removed."""
+    try:
+        names = os.listdir(store.packs_dir)
+    except OSError:
+        return []
+    used = store.pack_names()
+    now = time.time()
+    out = []
+    for n in names:
+        path = os.path.join(store.packs_dir, n)
+        if n.startswith(vp.SCRATCH_PREFIX):
+            if not vp.scratch_owner_alive(n):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    _unlink(path)            # an adopted pack's index being written
+                out.append(path)
+            continue
+        stem, ext = os.path.splitext(n)
+        sent = (stem.startswith(SENT_PREFIX) and ext in (".pack", ".tmp", ".list", ".tmp-list")  # a push's, never built from
+                or n.startswith(spanpack.PREFIX))                   # which span pack answers a plan
+        if not sent and (not (stem.startswith("pack-") and ext in (".pack", ".idx")) or stem[5:] in used):
+            continue
+        try:
+            st = os.stat(path)
+            if now - max(st.st_mtime, st.st_ctime) >= min_age:
+                os.unlink(path)
+                out.append(path)
+        except OSError:
+            pass
+    return out

@@ -1,0 +1,144 @@
+"""What a service (fetch/, push/) is handed and hands back, below the HTTP
+layer that builds it: the repository, its configuration, the environment
+git children and hooks get (stock's run_service() environment), the
+protocol version; a refusal with an HTTP status; a body that is a file.
+http/backend.py builds a ServiceContext per request; pre-warm
+(fetch/prewarm.py) builds one for a repository directly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator, Mapping, Optional
+
+from .git import gitexec
+from .git.repoconfig import RepoConfig
+
+if TYPE_CHECKING:
+    from .model.refs import RefSnapshot
+
+CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Repo:
+    path: str        # the path as stock names it in messages (validated path)
+    gitdir: str      # the git directory on disk
+    bare: bool
+
+
+@dataclass
+class ServiceContext:
+    """What a service needs to run: the repository, its configuration, the
+    environment its git children and hooks get, and the protocol version."""
+    repo: Repo
+    config: RepoConfig
+    env: dict[str, str]
+    protocol_version: int
+    namespace: Optional[str]
+    log: list[str]
+    trace: dict = field(default_factory=dict)
+    # what runs after a push landed, each called as f(gitdir, env, in_process); set by http/backend.py
+    after_push: tuple = ()
+    _store: object = field(default=None, repr=False)
+    _store_opened: bool = field(default=False, repr=False)
+
+    @property
+    def gitdir(self) -> str:
+        return self.repo.gitdir
+
+    def refstore(self):
+        """The repository's ref store, brought up to the disk (once per request), or None."""
+        if not self._store_opened:
+            self._store_opened = True
+            from .refstore import snapshots as refview     # startup: sqlite3 only where refs are read
+            self._store = refview.open_store(self.gitdir, self.env, self.log)
+            self.trace["version"] = self._store.version if self._store is not None else "-"
+        return self._store
+
+    def snapshot(self, namespace: Optional[str] = None) -> "RefSnapshot":
+        from .refstore import snapshots as refview         # startup
+        return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
+
+
+def protocol_version(value: Optional[str]) -> int:
+    """determine_protocol_version_server(): the highest version=N among ':'-separated items."""
+    best = 0
+    for item in (value or "").split(":"):
+        if item.startswith("version="):
+            v = item[len("version="):]
+            if v in ("0", "1", "2"):
+                best = max(best, int(v))
+    return best
+
+
+_EXEC_PATH: Optional[str] = None
+
+
+def _exec_path() -> str:
+    global _EXEC_PATH
+    if _EXEC_PATH is None:
+        res = gitexec.git(["--exec-path"], cwd="/")
+        _EXEC_PATH = res.stdout.decode().strip() if res.ok else ""
+    return _EXEC_PATH
+
+
+def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) -> dict[str, str]:
+    """run_service()'s environment: everything we were given, plus the
+    committer identity and the protocol version stock derives."""
+    out = dict(env)
+    out["GIT_DIR"] = gitdir
+    # stock's setup_path() exports the exec path and puts it first on PATH, so
+    # children and hooks see GIT_EXEC_PATH and can run dashed helpers
+    # (git-sh-setup). Only POSTs run hooks; GETs skip the extra `git --exec-path`.
+    exec_path = out.get("GIT_EXEC_PATH") or (_exec_path() if with_exec_path else "")
+    if exec_path:
+        out["GIT_EXEC_PATH"] = exec_path
+        old = out.get("PATH", "")
+        if old.split(":")[0] != exec_path:
+            out["PATH"] = exec_path + (":" + old if old else "")
+    if "GIT_COMMITTER_NAME" not in out:
+        out["GIT_COMMITTER_NAME"] = out.get("REMOTE_USER") or "anonymous"
+    if "GIT_COMMITTER_EMAIL" not in out:
+        user = out.get("REMOTE_USER") or "anonymous"
+        out["GIT_COMMITTER_EMAIL"] = f"{user}@http.{out.get('REMOTE_ADDR') or '(none)'}"
+    if "HTTP_GIT_PROTOCOL" in out and "GIT_PROTOCOL" not in out:
+        out["GIT_PROTOCOL"] = out["HTTP_GIT_PROTOCOL"]
+    return out
+
+
+class ServiceRefused(Exception):
+    """A service ends the request before its body: an HTTP status and reason,
+    the server log's message, and headers after Status (http/backend.py
+    answers it as an HttpError)."""
+
+    def __init__(self, status: int, reason: str, log: str = "", extra: Optional[list[tuple[str, str]]] = None,
+                 body: bytes = b""):
+        super().__init__(log or reason)
+        self.status = status
+        self.reason = reason
+        self.log = log
+        self.extra = extra or []
+        self.body = body
+
+
+def _file_chunks(f) -> Iterator[bytes]:
+    with f:
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                return
+            yield chunk
+
+
+class FileBody:
+    """A file body that WSGI servers may send with sendfile (wsgi.file_wrapper)."""
+
+    def __init__(self, f, size: int):
+        self.file = f
+        self.size = size
+
+    def __iter__(self) -> Iterator[bytes]:
+        return _file_chunks(self.file)
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,126 @@
+"""The house stays standing: the import contracts of .importlinter hold
+(layers point down; wire formats, the planner and values start no process
+and open no database; SQL only under refstore/), and no import cycle exists
+among aspen_cgi's modules, counting the imports made inside functions."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "aspen_cgi"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    if not level:
+        return name or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the aspen_cgi modules it imports anywhere in its text (functions
+    included; `if TYPE_CHECKING:` blocks excluded: they never run)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+
+    def target(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for mod, path in mods.items():
+        is_package = path.name == "__init__.py"
+
+        def visit(node: ast.AST) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                    continue
+                names: list[str] = []
+                if isinstance(child, ast.Import):
+                    names = [a.name for a in child.names]
+                elif isinstance(child, ast.ImportFrom):
+                    base = _resolve(mod, is_package, child.level, child.module)
+                    names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in child.names]
+                for n in names:
+                    t = target(n) if n.startswith("aspen_cgi") else None
+                    if t and t != mod:
+                        graph[mod].add(t)
+                visit(child)
+        visit(ast.parse(path.read_text()))
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    graph = import_graph()
+    assert len(graph) > 80 and sum(len(v) for v in graph.values()) > 300     # the walk saw the package
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_local_import():
+    graph = import_graph()
+    graph["aspen_cgi.model.objectid"] = graph["aspen_cgi.model.objectid"] | {"aspen_cgi.http.backend"}
+    found = cycles(graph)
+    assert found and "aspen_cgi.model.objectid" in found[0] and "aspen_cgi.http.backend" in found[0]
+
+
+def test_import_contracts_hold():
+    lint = shutil.which("lint-imports", path=os.path.dirname(sys.executable)) or shutil.which("lint-imports")
+    assert lint, "import-linter is a test dependency (setup.cfg [test])"
+    res = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Contracts: 3 kept, 0 broken." in res.stdout
