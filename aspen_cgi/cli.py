@@ -402,7 +402,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
                      "entries": len(items), "entry_bytes": sum(e.size for e in items),
                      "max_bytes": settings.max_bytes, "depth1_wide": c.counts["depth1_wide"],
                      "depth1_kept": c.counts["depth1_kept"], "depth1_entries": _depth1_entries(items)})
-    g = admission.gauges(admission.limits(os.environ))
+    g = admission.gauges(admission.capacity(os.environ))
     server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     values = None
     if args.server:

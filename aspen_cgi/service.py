@@ -39,6 +39,7 @@ class ServiceContext:
     trace: dict = field(default_factory=dict)
     # what runs after a push landed, each called as f(gitdir, env, in_process); set by http/backend.py
     after_push: tuple = ()
+    service_config: object = None     # the service's configuration, parsed once (fetch/uploadconfig.py)
     _store: object = field(default=None, repr=False)
     _store_opened: bool = field(default=False, repr=False)
 

@@ -34,17 +34,18 @@ from .http.limits import Limits
 from .http.message import Request
 from .http.watchdog import WATCHDOG
 from .packs import background
+# Everything a worker's first requests would load, loaded now, before _settle() freezes the heap
 import gc
-import uuid
-from .push import receive
-from .fetch import planned as responder, upload
-from .fetch import depth1, prewarm
-from .cache import responses
-from .packs import spanpack, splice
-from .planner import plan
-from .push.flow import Push
-from .fetch import history
-from dulwich import object_store
+import uuid  # noqa: F401
+from .push import receive  # noqa: F401
+from .fetch import planned, upload  # noqa: F401
+from .fetch import depth1, prewarm  # noqa: F401
+from .cache import responses  # noqa: F401
+from .packs import spanpack, splice  # noqa: F401
+from .planner import plan  # noqa: F401
+from .push.flow import Push  # noqa: F401
+from .fetch import history  # noqa: F401
+from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
 

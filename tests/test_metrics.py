@@ -149,7 +149,7 @@ def scenario(tmp_path_factory):
     assert imp.returncode == 0, imp.stderr
     server = Server(root, env).start()
     url = f"{server.url}/repo.git"
-    lim = admission.limits(env)
+    lim = admission.capacity(env)
     out: dict = {"server": server, "env": env, "repo": repo, "run": run, "url": url}
     try:
         a, b = base / "a", base / "b"

@@ -166,7 +166,7 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
         if done(job):
             return
         from ..runtime import admission  # startup
-        slot = admission.acquire_build(admission.limits(job.env), check)
+        slot = admission.acquire_build(admission.capacity(job.env), check)
         if done(job):
             return
         if not _room(s):

@@ -33,7 +33,6 @@ import fcntl
 import os
 import sys
 import threading
-import time
 from typing import Mapping, Optional
 
 from .. import settings

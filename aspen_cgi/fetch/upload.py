@@ -17,12 +17,10 @@ Each have's tips are looked up once per request, all haves in one query
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Optional, Union
 
-from .. import AGENT
 from ..git import gitexec
 from ..protocol import advertise as adv, pktline
 from ..protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
@@ -30,8 +28,8 @@ from ..runtime.memo import Memo
 from ..service import FileBody, ServiceRefused
 from ..packs import background
 from ..git.reader import shallow_roots
-from ..model.refs import HiddenRefs, RefSnapshot
-from ..git.repoconfig import ConfigError, parse_bool
+from ..model.refs import RefSnapshot
+from .uploadconfig import ALLOW_ANY, ALLOW_REACHABLE, ALLOW_TIP, UploadConfig
 from ..runtime.statedir import state_dir
 from ..protocol.pktline import ProtocolError
 from ..git.reader import object_info
@@ -40,53 +38,19 @@ from dataclasses import replace
 from ..model.objectid import id_bytes
 
 
-_ALLOW_TIP, _ALLOW_REACHABLE, _ALLOW_ANY = 1, 2, 4
-_ALLOW_BITS = {"uploadpack.allowtipsha1inwant": _ALLOW_TIP,
-               "uploadpack.allowreachablesha1inwant": _ALLOW_REACHABLE,
-               "uploadpack.allowanysha1inwant": _ALLOW_TIP | _ALLOW_REACHABLE | _ALLOW_ANY}
-
-
-def _allow_uor(config) -> int:
-    """upload_pack_config()'s allow_uor: each setting sets or clears its bits
-    in the order git reads them (allowAnySHA1InWant=false clears all three)."""
-    allow = 0
-    for key, value in config.entries:
-        bits = _ALLOW_BITS.get(key)
-        if bits is None:
-            continue
-        try:
-            on = parse_bool(value)
-        except ConfigError:
-            on = False
-        allow = (allow | bits) if on else (allow & ~bits)
-    return allow
+def _config(ctx) -> UploadConfig:
+    """The request's upload-pack configuration, parsed once (ServiceContext.service_config)."""
+    if ctx.service_config is None:
+        ctx.service_config = UploadConfig.parse(ctx.config)
+    return ctx.service_config
 
 
 def _caps(ctx) -> adv.UploadCaps:
-    c = ctx.config
-    allow = _allow_uor(c)
-    unborn = (c.get("lsrefs.unborn") or "advertise").lower()
-    return adv.UploadCaps(
-        allow_tip=bool(allow & _ALLOW_TIP),
-        allow_reachable=bool(allow & _ALLOW_REACHABLE),
-        allow_filter=c.bool("uploadpack.allowfilter", False),
-        allow_ref_in_want=c.bool("uploadpack.allowrefinwant", False),
-        allow_sideband_all=c.bool("uploadpack.allowsidebandall", False) or os.environ.get("GIT_TEST_SIDEBAND_ALL") == "1",
-        packfile_uris=c.get("uploadpack.blobpackfileuri") is not None,
-        session_id=_session_id() if c.bool("transfer.advertisesid", False) else None,
-        unborn=unborn if unborn in ("advertise", "allow", "ignore") else "advertise",
-        agent=AGENT,
-        object_format=c.object_format,
-    )
-
-
-def _session_id() -> str:
-    import uuid  # startup: imported only when asked: uuid costs a CGI start-up milliseconds
-    return f"aspen-{uuid.uuid4().hex}"
+    return _config(ctx).caps
 
 
 def _hidden(ctx):
-    return HiddenRefs.from_config(ctx.config, "uploadpack").hidden
+    return _config(ctx).hidden.hidden
 
 
 def _not_our_ref(ctx, oid: str) -> Iterator[bytes]:
@@ -121,8 +85,8 @@ def refused_want(ctx, req: FetchRequest) -> Optional[str]:
     is_our_ref(), allowTipSHA1InWant makes hidden tips ours and
     allowReachableSHA1InWant everything hidden refs reach; allowAnySHA1InWant
     lifts the check. Objects the repository lacks are left to git."""
-    allow = _allow_uor(ctx.config)
-    if not req.wants or allow & _ALLOW_ANY:
+    allow = _config(ctx).allow
+    if not req.wants or allow & ALLOW_ANY:
         return None
     snap, hidden = _snapshot(ctx), _hidden(ctx)
     whole = ctx.snapshot(None) if snap.namespace_prefix else snap
@@ -130,11 +94,11 @@ def refused_want(ctx, req: FetchRequest) -> Optional[str]:
     if len(visible) == len(whole.refs):
         return None
     # stock's is_our_ref(): under allowTip or allowReachable a hidden ref (inside the namespace) counts as ours
-    counted = list(snap.refs) if allow & _ALLOW_REACHABLE else visible
+    counted = list(snap.refs) if allow & ALLOW_REACHABLE else visible
     ours = {r.oid for r in visible} | {r.peeled for r in visible if r.peeled}
     if snap.head is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
         ours.add(snap.head.oid)
-    if allow & (_ALLOW_TIP | _ALLOW_REACHABLE):
+    if allow & (ALLOW_TIP | ALLOW_REACHABLE):
         ours |= {r.oid for r in snap.refs}
     rest = [w for w in dict.fromkeys(req.wants) if w not in ours]
     if not rest:
@@ -181,7 +145,7 @@ def advertise(ctx) -> Iterator[bytes]:
     ctx.trace["replayable"] = _replayable(ctx) and caps.session_id is None
     if ctx.protocol_version == 2:
         return adv.v2_capabilities(caps)
-    snap, hidden, shallow = _snapshot(ctx), HiddenRefs.from_config(ctx.config, "uploadpack"), shallow_roots(ctx.gitdir)
+    snap, hidden, shallow = _snapshot(ctx), _config(ctx).hidden, shallow_roots(ctx.gitdir)
     key = ("v0", caps, hidden.patterns, tuple(shallow), ctx.protocol_version)
     return iter([_memo.get(snap, key, lambda: b"".join(
         adv.upload_v0(snap, caps, hidden.hidden, shallow, ctx.protocol_version)))])
@@ -192,7 +156,7 @@ def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
     snap = _snapshot(ctx)
     ctx.trace["replayable"] = _replayable(ctx)
     key = ("ls-refs", req.peel, req.symrefs, req.unborn, tuple(req.prefixes), _caps(ctx).unborn,
-           HiddenRefs.from_config(ctx.config, "uploadpack").patterns)
+           _config(ctx).hidden.patterns)
     return iter([_memo.get(snap, key, lambda: b"".join(_ls_refs_lines(ctx, req, snap)))])
 
 
@@ -236,7 +200,7 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Ite
     never while a client waits."""
     from ..runtime import admission  # startup
     try:
-        slot = admission.acquire(admission.limits(ctx.env), ctx.gitdir)
+        slot = admission.acquire(admission.capacity(ctx.env), ctx.gitdir)
     except admission.Overloaded as e:
         ctx.trace["cache"] = "overloaded"
         raise ServiceRefused(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
@@ -245,7 +209,7 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Ite
     if slot.waited_s:
         ctx.trace["queued_ms"] = round(slot.waited_s * 1000)
     args = ["upload-pack", "--stateless-rpc", "."]
-    if req is not None and req.haves and not ctx.config.has("pack.threads"):
+    if req is not None and req.haves and not _config(ctx).pack_threads_set:
         # git's threaded delta search splits the objects between threads, and steals
         # work, differently from run to run: one lagging-clients request got 12,586
         # bytes every time from one thread, 12,586 or 17,132 from two. A fetch with
@@ -542,7 +506,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
 def _visibility(ctx, snap: RefSnapshot):
     """None when the client may see every ref of the repository; else the
     test of a stored (full) ref name: inside the namespace and not hidden."""
-    hidden = HiddenRefs.from_config(ctx.config, "uploadpack")
+    hidden = _config(ctx).hidden
     prefix = snap.namespace_prefix
     if not prefix and not hidden:
         return None

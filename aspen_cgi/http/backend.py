@@ -5,10 +5,9 @@ export check, configuration, then one handler. Returns a Response; adapters
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
-from ..git import gitexec
 from ..model import refs as refs_mod
 from .. import settings
 from ..protocol import pktline

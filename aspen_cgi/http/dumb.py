@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Iterator, Mapping, Optional
+from typing import Mapping, Optional
 
 from .. import settings
 from ..model.refs import RefSnapshot

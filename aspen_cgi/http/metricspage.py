@@ -70,7 +70,7 @@ def _unlink(path: str) -> None:
 # -- reading them -----------------------------------------------------------------------------------
 
 def gauges(env: Mapping[str, str], where: str) -> dict[str, float]:
-    g = admission.gauges(admission.limits(env))
+    g = admission.gauges(admission.capacity(env))
     versions, repos = backlog(where)
     return {"aspen_admission_queue_depth": g.queued, "aspen_admission_cold_running": g.running,
             "aspen_pack_builds_running": g.builds, "aspen_version_pack_backlog": versions,

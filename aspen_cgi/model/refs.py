@@ -5,7 +5,7 @@ rules. Reading them from a repository is git/reader.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 
 

@@ -266,7 +266,7 @@ class _BuildSlot:
     def take(self) -> None:
         if self.slot is None:
             from ..runtime import admission  # startup
-            self.slot = admission.acquire_build(admission.limits(self.env), self.guard.check, self.on_wait)
+            self.slot = admission.acquire_build(admission.capacity(self.env), self.guard.check, self.on_wait)
             self.guard.check()
 
     def release(self) -> None:

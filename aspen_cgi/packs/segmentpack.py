@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..refstore.segments import inside  # noqa: F401  (re-exported: which runs a larger one replaces)
 from . import versionpack
 from .versionpack import BuiltPack, DeltaSearch
 

@@ -9,7 +9,6 @@ from typing import Mapping
 
 from ..runtime.repoguard import STORE_FILES, RepoGuard, RepositoryGone, abandon, identity
 from .store import RefStore
-from ..refstore.store import RefStore
 
 
 def open_store(gitdir: str, env: Mapping[str, str], guard: RepoGuard):

@@ -37,7 +37,8 @@ class Overloaded(Exception):
 
 
 @dataclass(frozen=True)
-class Limits:
+class Capacity:
+    """How much cold work this machine takes at once, and how long the rest waits."""
     run_dir: str
     per_repo: int
     per_server: int
@@ -50,11 +51,11 @@ class Limits:
 BUILDS_ENV = "ASPEN_BUILDS_PER_SERVER"
 
 
-def limits(env: Mapping[str, str]) -> Limits:
+def capacity(env: Mapping[str, str]) -> Capacity:
     """The ASPEN_RUN_DIR, ASPEN_COLD_*, ASPEN_QUEUE*, ASPEN_RETRY_AFTER and
     ASPEN_BUILDS_PER_SERVER settings of ENV (settings.py)."""
     s = settings.of(env)
-    return Limits(s.run_dir, s.cold_per_repo, s.cold_per_server, s.queue, s.queue_wait, s.retry_after,
+    return Capacity(s.run_dir, s.cold_per_repo, s.cold_per_server, s.queue, s.queue_wait, s.retry_after,
                   s.builds_per_server)
 
 
@@ -93,13 +94,13 @@ class Slot:
             os.close(fd)
 
 
-def _prefixes(lim: Limits, repo: str) -> tuple[str, str, str]:
+def _prefixes(lim: Capacity, repo: str) -> tuple[str, str, str]:
     tag = hashlib.sha256(os.path.realpath(repo).encode("utf-8", "surrogateescape")).hexdigest()[:12]
     return (os.path.join(lim.run_dir, f"repo-{tag}.slot"), os.path.join(lim.run_dir, "server.slot"),
             os.path.join(lim.run_dir, "queue"))
 
 
-def _try(lim: Limits, repo_prefix: str, server_prefix: str) -> Optional[list[int]]:
+def _try(lim: Capacity, repo_prefix: str, server_prefix: str) -> Optional[list[int]]:
     a = _take_one(repo_prefix, lim.per_repo)
     if a is None:
         return None
@@ -110,7 +111,7 @@ def _try(lim: Limits, repo_prefix: str, server_prefix: str) -> Optional[list[int
     return [a, b]
 
 
-def acquire(lim: Limits, gitdir: str, queue: bool = True) -> Slot:
+def acquire(lim: Capacity, gitdir: str, queue: bool = True) -> Slot:
     """A slot for one cold computation over GITDIR, waiting in the queue when
     all are taken. Raises Overloaded when the queue is full or the wait runs
     out (QUEUE=False: wait without a queue place, for background work)."""
@@ -145,7 +146,7 @@ def acquire(lim: Limits, gitdir: str, queue: bool = True) -> Slot:
             os.close(ticket)
 
 
-def acquire_build(lim: Limits, check: Optional[Callable[[], None]] = None,
+def acquire_build(lim: Capacity, check: Optional[Callable[[], None]] = None,
                   on_wait: Optional[Callable[[int], None]] = None) -> Slot:
     """One of the machine's LIM.builds build slots, waiting as long as it
     takes (no queue bound: builds are background work). CHECK() is called
@@ -193,7 +194,7 @@ class Gauges:
     builds: int = 0     # pack builds running on this machine
 
 
-def gauges(lim: Limits) -> Gauges:
+def gauges(lim: Capacity) -> Gauges:
     return Gauges(_held(os.path.join(lim.run_dir, "server.slot"), lim.per_server),
                   _held(os.path.join(lim.run_dir, "queue"), lim.queue),
                   _held(os.path.join(lim.run_dir, "build.slot"), lim.builds))

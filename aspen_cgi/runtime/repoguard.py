@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Mapping, Optional
+from typing import Optional
 
 
 class RepositoryGone(Exception):
