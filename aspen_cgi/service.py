@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from .git import gitexec
 from .git.repoconfig import RepoConfig
+from .settings import Settings
 
 if TYPE_CHECKING:
     from .model.refs import RefSnapshot
@@ -26,16 +27,33 @@ class Repo:
     bare: bool
 
 
+@dataclass(frozen=True)
+class RequestInfo:
+    """Who asks, from where, in which namespace and protocol version: read
+    once from the request's environment where the request is composed."""
+    user: Optional[str]             # REMOTE_USER: None when the server did not authenticate
+    address: Optional[str]          # REMOTE_ADDR
+    namespace: Optional[str]        # GIT_NAMESPACE
+    protocol: int                   # GIT_PROTOCOL's version (0 when none)
+
+    @classmethod
+    def of(cls, env: Mapping[str, str], protocol: Optional[int] = None) -> "RequestInfo":
+        return cls(env.get("REMOTE_USER") or None, env.get("REMOTE_ADDR") or None, env.get("GIT_NAMESPACE") or None,
+                   protocol_version(env.get("GIT_PROTOCOL")) if protocol is None else protocol)
+
+
 @dataclass
 class ServiceContext:
     """What a service needs to run: the repository, its configuration, the
-    environment its git children and hooks get, and the protocol version."""
+    environment its git children and hooks get (ENV: stock's run_service()
+    environment, the only thing handed on to git/gitexec.py), the request's
+    metadata, and the server's settings, parsed once."""
     repo: Repo
     config: RepoConfig
     env: dict[str, str]
-    protocol_version: int
-    namespace: Optional[str]
+    request: RequestInfo
     log: list[str]
+    settings: Settings
     trace: dict = field(default_factory=dict)
     # what runs after a push landed, each called as f(gitdir, env, in_process); set by http/backend.py
     after_push: tuple = ()
@@ -46,6 +64,14 @@ class ServiceContext:
     @property
     def gitdir(self) -> str:
         return self.repo.gitdir
+
+    @property
+    def protocol_version(self) -> int:
+        return self.request.protocol
+
+    @property
+    def namespace(self) -> Optional[str]:
+        return self.request.namespace
 
     def refstore(self):
         """The repository's ref store, brought up to the disk (once per request), or None."""

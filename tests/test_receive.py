@@ -607,7 +607,8 @@ def test_big_push_is_streamed_not_buffered(root, repo, tmp_path):
 
     from aspen_cgi.push import receive
     from aspen_cgi.http import paths
-    from aspen_cgi.service import ServiceContext, child_env
+    from aspen_cgi import settings
+    from aspen_cgi.service import RequestInfo, ServiceContext, child_env
     from aspen_cgi.http.body import Body
     from aspen_cgi.git.repoconfig import RepoConfig
 
@@ -621,7 +622,8 @@ def test_big_push_is_streamed_not_buffered(root, repo, tmp_path):
     head = pk.request([(base, tip, "refs/heads/main")], caps="report-status side-band-64k quiet")
     size = len(head) + pack_path.stat().st_size
     env = child_env({"REMOTE_USER": "u", "REMOTE_ADDR": "127.0.0.1", "PATH": os.environ["PATH"]}, str(repo))
-    ctx = ServiceContext(paths.Repo(str(repo), str(repo), True), RepoConfig.load(str(repo), env), env, 0, None, [])
+    ctx = ServiceContext(paths.Repo(str(repo), str(repo), True), RepoConfig.load(str(repo), env), env,
+                         RequestInfo.of(env, 0), [], settings.of(env))
     ctx.refstore()   # the store's first use (schema creation, module imports) is not the push's memory
     tracemalloc.start()
     try:

@@ -75,7 +75,7 @@ def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
     Stopped (RepositoryGone) as soon as GUARD finds the repository gone."""
     from ..git.repoconfig import ConfigError, RepoConfig  # startup
     from ..runtime.repoguard import RepositoryGone  # startup
-    from ..service import Repo, ServiceContext, ServiceRefused, child_env  # startup
+    from ..service import Repo, RequestInfo, ServiceContext, ServiceRefused, child_env  # startup
     from . import upload  # startup
     guard.check()
     cenv = child_env({**{k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE")},
@@ -86,7 +86,7 @@ def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
             return False            # stock's backend would refuse every client's fetch
     except ConfigError:
         return False
-    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, 2, None, [])
+    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, RequestInfo.of(cenv, 2), [], settings.of(cenv))
     try:
         stream = upload.serve(ctx, body)
         try:

@@ -19,7 +19,7 @@ from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
 from .limits import Limits
 from .message import HttpError, Request, Response
-from ..service import FileBody, ServiceContext, ServiceRefused, child_env, protocol_version
+from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
@@ -141,11 +141,12 @@ class _Call:
         return self.req.env
 
     def context(self) -> ServiceContext:
-        return ServiceContext(self.repo, self.config, self.cenv, protocol_version(self.cenv.get("GIT_PROTOCOL")),
-                              self.namespace, [])
+        return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv), [],
+                              settings.of(self.env))
 
     def snapshot(self) -> refs_mod.RefSnapshot:
-        return ServiceContext(self.repo, self.config, self.cenv, 0, self.namespace, []).snapshot(self.namespace)
+        return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, 0), [],
+                              settings.of(self.env)).snapshot(self.namespace)
 
 
 def _head(c: _Call) -> Response:

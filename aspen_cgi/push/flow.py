@@ -440,7 +440,7 @@ class Push:
         """The refs the hook changed on disk, as one version of this push."""
         if store is None:
             return
-        meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id)
+        meta = VersionMeta("push", self.ctx.request.user, self.push_id)
         try:
             with store_db.patience(store_db.store_wait(self.ctx.env)):
                 before = store.version
@@ -490,7 +490,7 @@ class Push:
         for c in upd:
             if not is_null(c.new):
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
-        meta = VersionMeta("push", self.ctx.env.get("REMOTE_USER") or None, self.push_id, tuple(sorted(introduced)),
+        meta = VersionMeta("push", self.ctx.request.user, self.push_id, tuple(sorted(introduced)),
                            self.cert.record() if self.cert is not None else None)
         fast = in_process_ok(self.ctx.config, pol.is_bare(self.ctx.config))
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
