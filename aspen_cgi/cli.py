@@ -15,6 +15,7 @@ import time
 from typing import Optional
 
 from . import __version__
+from . import settings as aspen_settings
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
@@ -240,7 +241,7 @@ def _import_background(args: argparse.Namespace) -> int:
     gitdir = os.path.abspath(args.repo)
     env = dict(os.environ)
     env["GIT_DIR"] = gitdir
-    guard = RepoGuard.take(gitdir, state_dir(gitdir, env))
+    guard = RepoGuard.take(gitdir, state_dir(gitdir, aspen_settings.of(env)))
     try:
         store = open_store(gitdir, env, guard) if guard is not None else None   # never makes a deleted one's dir
     except RepositoryGone:
@@ -387,7 +388,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         gitdir = os.path.abspath(repo)
         if not os.path.isfile(os.path.join(gitdir, "HEAD")):
             raise SystemExit(f"aspen: not a git repository: {repo}")
-        settings = responses.settings(state_dir(gitdir, os.environ), os.environ)
+        config = aspen_settings.of(os.environ)
+        settings = responses.settings(state_dir(gitdir, config), config)
         if settings is None:
             rows.append({"repo": repo, "cache": "off"})
             continue
@@ -402,14 +404,14 @@ def _cmd_stats(args: argparse.Namespace) -> int:
                      "entries": len(items), "entry_bytes": sum(e.size for e in items),
                      "max_bytes": settings.max_bytes, "depth1_wide": c.counts["depth1_wide"],
                      "depth1_kept": c.counts["depth1_kept"], "depth1_entries": _depth1_entries(items)})
-    g = admission.gauges(admission.capacity(os.environ))
+    g = admission.gauges(admission.capacity(aspen_settings.of(os.environ)))
     server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     values = None
     if args.server:
         from .runtime import metrics  # startup
         from .http import metricspage  # startup
         values = metricspage.snapshot(os.environ)
-        server.update({"metrics_dir": metrics.directory(os.environ), "metrics": metrics.families(values)})
+        server.update({"metrics_dir": metrics.directory(aspen_settings.of(os.environ)), "metrics": metrics.families(values)})
     if args.json:
         print(json.dumps({"repositories": rows, "server": server}, indent=2))
         return 0
@@ -579,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import settings  # startup
     try:
-        settings.of(os.environ)       # every command reads them: a bad one stops it before it starts
+        aspen_settings.of(os.environ)       # every command reads them: a bad one stops it before it starts
     except settings.SettingsError as e:
         print(e, file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from .git import gitexec
 from .git.repoconfig import RepoConfig
+from .model.trace import Trace
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class ServiceContext:
     request: RequestInfo
     log: list[str]
     settings: Settings
-    trace: dict = field(default_factory=dict)
+    trace: Trace = field(default_factory=Trace)
     # what runs after a push landed, each called as f(gitdir, env, in_process); set by http/backend.py
     after_push: tuple = ()
     service_config: object = None     # the service's configuration, parsed once (fetch/uploadconfig.py)

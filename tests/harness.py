@@ -18,6 +18,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from aspen_cgi import settings
 
 STOCK = "/usr/lib/git-core/git-http-backend"
 ASPEN_CGI = str(Path(sys.executable).parent / "aspen-cgi")
@@ -385,7 +386,7 @@ def verify_refstores(root: Path, server_env: Optional[dict] = None) -> dict[str,
     env.pop("GIT_NAMESPACE", None)
     if env.get(DISABLE_ENV) == "0":
         return {}
-    todo = [g for g in git_dirs(root) if os.path.isfile(os.path.join(state_dir(str(g), env), "aspen.sqlite3"))]
+    todo = [g for g in git_dirs(root) if os.path.isfile(os.path.join(state_dir(str(g), settings.of(env)), "aspen.sqlite3"))]
     # one short-lived thread per repository: the store's connections are per thread and go with it
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda g: _verify_one(g, dict(env, GIT_DIR=str(g))), todo))

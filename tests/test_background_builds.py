@@ -38,6 +38,7 @@ from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
 from . import pushkit as pk
+from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -364,9 +365,9 @@ def test_at_most_builds_per_server_builds_run_at_once(tmp_path, limit):
 
 def test_build_slots_default_to_half_the_cores_apart_from_live_slots(tmp_path):
     from aspen_cgi.runtime import admission
-    lim = admission.capacity({"ASPEN_RUN_DIR": str(tmp_path / "run")})
+    lim = admission.capacity(settings.of({"ASPEN_RUN_DIR": str(tmp_path / "run")}))
     assert lim.builds == max(1, (os.cpu_count() or 2) // 2)
-    assert admission.capacity({admission.BUILDS_ENV: "3"}).builds == 3
+    assert admission.capacity(settings.of({admission.BUILDS_ENV: "3"})).builds == 3
     # every build slot taken: a live request's cold slot is still free
     held = [admission.acquire_build(lim) for _ in range(lim.builds)]
     cold = admission.acquire(lim, str(tmp_path), queue=False)

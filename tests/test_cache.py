@@ -33,6 +33,7 @@ from aspen_cgi.cache.entries import HEADER, HEADER_SIZE, KEPT, MAGIC
 from aspen_cgi.fetch.prewarm import clone_request
 
 from .harness import Server, fsck_strict, git, out, refs_of
+from aspen_cgi import settings
 
 HOOK = """#!/bin/sh
 echo run >> {counter}
@@ -483,11 +484,11 @@ def test_prewarm_only_where_depth1_clones_were_asked_for(root, server_factory, t
     git("clone", "-q", f"{server.url}/repo.git", str(tmp_path / "full"))
     env = {"ASPEN_PREWARM": "default"}
     sdir = str(repo / "aspen")
-    assert not demanded(sdir, env)
+    assert not demanded(sdir, settings.of(env))
     assert prewarm.kick(str(repo), env, in_process=False) is False
     _clone_ok(f"{server.url}/repo.git", tmp_path / "shallow", repo, "--depth", "1")
-    assert demanded(sdir, env)
-    assert not demanded(sdir, {**env, "ASPEN_PREWARM_DEMAND_S": "-1"})   # outside the window
+    assert demanded(sdir, settings.of(env))
+    assert not demanded(sdir, settings.of({**env, "ASPEN_PREWARM_DEMAND_S": "-1"}))   # outside the window
     assert prewarm.kick(str(repo), {**env, "ASPEN_PREWARM": "off"}, in_process=False) is False
 
 

@@ -28,6 +28,7 @@ from aspen_cgi.http import backend
 from . import harness as h
 from . import pushkit as pk
 from .harness import Server, make_history
+from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -149,7 +150,7 @@ def scenario(tmp_path_factory):
     assert imp.returncode == 0, imp.stderr
     server = Server(root, env).start()
     url = f"{server.url}/repo.git"
-    lim = admission.capacity(env)
+    lim = admission.capacity(settings.of(env))
     out: dict = {"server": server, "env": env, "repo": repo, "run": run, "url": url}
     try:
         a, b = base / "a", base / "b"

@@ -22,6 +22,7 @@ from aspen_cgi.protocol.requests import FetchRequest
 from bench.repogen import PRESETS, generate
 
 from .harness import fsck_strict, git, make_history, out, refs_of
+from aspen_cgi import settings
 
 
 @pytest.fixture(scope="module")
@@ -164,12 +165,12 @@ def test_ofs_delta_pointing_outside_the_pack_raises():
 
 def test_wants_wide_pack():
     oid = "a" * 40
-    assert wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=1), env={})
-    assert wants_wide_pack(FetchRequest(version=0, wants=[oid], deepen=1), env={"ASPEN_WIDE_DEPTH1": "1"})
-    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=1), env={"ASPEN_WIDE_DEPTH1": "0"})
-    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=1, haves=[oid]), env={})
-    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid]), env={})
-    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=5), env={})
+    assert wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=1), settings.of({}))
+    assert wants_wide_pack(FetchRequest(version=0, wants=[oid], deepen=1), settings.of({"ASPEN_WIDE_DEPTH1": "1"}))
+    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=1), settings.of({"ASPEN_WIDE_DEPTH1": "0"}))
+    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=1, haves=[oid]), settings.of({}))
+    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid]), settings.of({}))
+    assert not wants_wide_pack(FetchRequest(version=2, wants=[oid], deepen=5), settings.of({}))
 
 
 def test_upload_pack_config_quotes_the_interpreter():

@@ -28,6 +28,7 @@ from . import differential as d
 from . import harness as h
 from . import pushkit as pk
 from .pushkit import ZERO
+from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -392,7 +393,7 @@ def test_aspen_state_dir_keeps_the_store_outside_the_repository(root, server_fac
     h.git("update-ref", "refs/heads/outside", "topic", cwd=str(repo))
     assert ls_remote(aspen)["refs/heads/outside"] == h.out("rev-parse", "topic", cwd=str(repo))
     db_path = state / os.path.realpath(repo).lstrip("/") / "aspen.sqlite3"
-    assert Path(state_dir(str(repo), env)) / "aspen.sqlite3" == db_path
+    assert Path(state_dir(str(repo), settings.of(env))) / "aspen.sqlite3" == db_path
     assert db_path.is_file()
     assert not (repo / "aspen").exists()
     res = aspen_cli("log", str(repo), "--json", env=env)
@@ -426,7 +427,7 @@ def test_harness_verify_finds_stores_where_the_server_keeps_them(tmp_path):
     h.git("update-ref", "refs/heads/later", "topic", cwd=str(inrepo))    # synced first, as a request would
     assert h.verify_refstores(root, {}) == {}
     topic = h.out("rev-parse", "topic", cwd=str(moved))
-    for db_file in (inrepo / "aspen" / "aspen.sqlite3", Path(state_dir(str(moved), {"ASPEN_STATE_DIR": str(state)}))
+    for db_file in (inrepo / "aspen" / "aspen.sqlite3", Path(state_dir(str(moved), settings.of({"ASPEN_STATE_DIR": str(state)})))
                     / "aspen.sqlite3"):
         # history that does not lead to the current refs: no sync can mend that
         conn = sqlite3.connect(str(db_file))

@@ -20,6 +20,7 @@ import pytest
 
 from . import differential as d
 from . import harness as h
+from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -500,7 +501,7 @@ def test_aspen_state_is_never_served(root, tmp_path, where):
     if p is not None:
         assert p.returncode == 0, p.stderr.decode()
     from aspen_cgi.runtime.statedir import state_dir
-    state = Path(state_dir(str(repo), dict(os.environ, **env)))
+    state = Path(state_dir(str(repo), settings.of(dict(os.environ, **env))))
     files = _state_files(root, state)
     names = {f.name for f in files}
     assert "aspen.sqlite3" in names and any(f.parent.name != state.name for f in files), names

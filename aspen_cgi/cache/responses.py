@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 from .. import settings as aspen_settings
 from . import entries, evict, stats
@@ -37,11 +37,10 @@ class Settings:
                                  # has HEAD: never a deleted repository's); None: a directory of its own
 
 
-def settings(state_dir: str, env: Mapping[str, str]) -> Optional[Settings]:
+def settings(state_dir: str, s: aspen_settings.Settings) -> Optional[Settings]:
     """The cache of a repository whose state lives in STATE_DIR, or None when
     turned off (ASPEN_CACHE=off). ASPEN_CACHE_DIR shares one directory (and
     one bound, ASPEN_CACHE_MAX_BYTES, default 1 GiB) between repositories."""
-    s = aspen_settings.of(env)
     if not s.cache:
         return None
     shared = s.cache_dir

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Mapping
 
 from .. import settings
 
@@ -36,9 +35,9 @@ def note_demand(sdir: str) -> None:
         pass
 
 
-def demanded(sdir: str, env: Mapping[str, str]) -> bool:
+def demanded(sdir: str, s: settings.Settings) -> bool:
     """Whether a client asked for a depth-1 clone within the demand window."""
-    window = settings.of(env).prewarm_demand
+    window = s.prewarm_demand
     try:
         return time.time() - os.stat(os.path.join(sdir, DEMAND_FILE)).st_mtime <= window
     except OSError:

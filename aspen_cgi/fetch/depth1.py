@@ -47,6 +47,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 from ..cache import entries, evict, stats
 from ..cache.entries import DEPTH1_STOCK, DEPTH1_WIDE, SUFFIX, Replacement
+from .. import settings as aspen_settings
 
 NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer (settings.INTERNAL)
 NICE = 10
@@ -166,7 +167,7 @@ def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]
         if done(job):
             return
         from ..runtime import admission  # startup
-        slot = admission.acquire_build(admission.capacity(job.env), check)
+        slot = admission.acquire_build(admission.capacity(aspen_settings.of(job.env)), check)
         if done(job):
             return
         if not _room(s):
@@ -327,11 +328,11 @@ def _guard(gitdir: str, env: Mapping[str, str]):
     from ..runtime.statedir import state_dir  # startup
     from ..runtime.repoguard import RepoGuard, RepositoryGone  # startup
     from ..cache import responses  # startup
-    sdir = state_dir(gitdir, env)
+    sdir = state_dir(gitdir, aspen_settings.of(env))
     guard = RepoGuard.take(gitdir, sdir)
     if guard is None:
         return None
-    settings = responses.settings(sdir, env)
+    settings = responses.settings(sdir, aspen_settings.of(env))
     if settings is not None and settings.repo is not None:
         try:
             guard.watch(settings.directory)
@@ -386,7 +387,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             guard.undo()
             return 0
         return 1
-    settings = responses.settings(state_dir(gitdir, env), env)
+    config = aspen_settings.of(env)
+    settings = responses.settings(state_dir(gitdir, config), config)
     if settings is None or not name:
         return 0
     try:

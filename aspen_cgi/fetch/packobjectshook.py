@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..git import gitexec
 from .. import settings
@@ -31,11 +31,11 @@ from ..packs.recompress import RecompressError, rewrite
 from ..protocol.requests import FetchRequest
 
 
-def wide_args(env: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
+def wide_args(s: settings.Settings) -> tuple[str, ...]:
     """pack-objects' arguments for the wide search: the window is ASPEN_DEPTH1_WINDOW
-    (settings.py; git's own is 10), of ENV or, in the hook, of the environment
-    upload-pack passed on."""
-    window = settings.of(env).depth1_window
+    (settings.py; git's own is 10), of the request's settings or, in the hook,
+    of the environment upload-pack passed on."""
+    window = s.depth1_window
     return (f"--window={window}", "--depth=50", "--no-reuse-delta", "--compression=9")
 
 
@@ -49,13 +49,13 @@ def upload_pack_config(python: str = sys.executable, object_format: str = "sha1"
     return ["-c", f"uploadpack.packObjectsHook={hook}"]
 
 
-def wants_wide_pack(req: FetchRequest, env: Optional[Mapping[str, str]] = None) -> bool:
+def wants_wide_pack(req: FetchRequest, s: settings.Settings) -> bool:
     """True for a depth-1 clone: `deepen 1`, no haves, no packfile URIs
     (pack-objects then writes more than a pack); off with ASPEN_WIDE_DEPTH1=0.
 
     Deeper shallow clones are left to stock: without delta reuse, pack-objects
     would recompute every delta of the whole requested history."""
-    if not settings.of(env).wide_depth1:
+    if not s.wide_depth1:
         return False
     return req.deepen == 1 and not req.haves and req.packfile_uris is None
 
@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "--stdout" not in args or any(a.startswith("--uri-protocol") for a in args):
         # Not a plain pack on stdout (packfile URIs come first): run it as it came.
         return gitexec.start(args, cwd=os.getcwd(), stdin=None, stdout=None, stderr=None).wait()
-    proc = gitexec.start([*args, *wide_args()], cwd=os.getcwd(), stdin=None, stdout=gitexec.PIPE,
+    proc = gitexec.start([*args, *wide_args(settings.of(os.environ))], cwd=os.getcwd(), stdin=None, stdout=gitexec.PIPE,
                          stderr=None)
     assert proc.stdout is not None
     out = sys.stdout.buffer

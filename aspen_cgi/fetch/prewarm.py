@@ -35,14 +35,14 @@ import sys
 import threading
 from typing import Mapping, Optional
 
-from .. import settings
+from .. import settings as aspen_settings
 from ..model.objectid import ZERO, is_null
 from ..protocol import pktline
 from .demand import demanded
 
-def policy(env: Mapping[str, str]) -> str:
+def policy(s: aspen_settings.Settings) -> str:
     """ASPEN_PREWARM (settings.py): `default`, `all` or `off`."""
-    return settings.of(env).prewarm
+    return s.prewarm
 
 
 def clone_request(wants: list[str], include_tag: bool = True) -> bytes:
@@ -86,7 +86,7 @@ def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
             return False            # stock's backend would refuse every client's fetch
     except ConfigError:
         return False
-    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, RequestInfo.of(cenv, 2), [], settings.of(cenv))
+    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, RequestInfo.of(cenv, 2), [], aspen_settings.of(cenv))
     try:
         stream = upload.serve(ctx, body)
         try:
@@ -135,9 +135,10 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon  # startup
     from ..runtime.statedir import state_dir  # startup
     from ..cache import responses, stats  # startup
-    mode = policy(env)
-    sdir = state_dir(gitdir, env)
-    settings = responses.settings(sdir, env)
+    config = aspen_settings.of(env)
+    mode = policy(config)
+    sdir = state_dir(gitdir, config)
+    settings = responses.settings(sdir, config)
     if mode == "off" or settings is None:
         return 0
     guard = RepoGuard.take(gitdir, sdir)
@@ -191,7 +192,8 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     low-priority thread here, or a detached program. Whether one started."""
     from ..runtime.statedir import state_dir  # startup
     from ..runtime.repoguard import RepositoryGone  # startup
-    if policy(env) == "off" or not demanded(state_dir(gitdir, env), env):
+    config = aspen_settings.of(env)
+    if policy(config) == "off" or not demanded(state_dir(gitdir, config), config):
         return False
     child = {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}
     if in_process:
@@ -222,7 +224,7 @@ def after_import(gitdirs: list[str], env: Mapping[str, str]) -> None:
     environment is the same (user, HOME, GIT_CONFIG_*, ASPEN_CACHE_DIR or
     ASPEN_STATE_DIR)."""
     from ..git import gitexec  # startup
-    if policy(env) == "off" or not gitdirs:
+    if policy(aspen_settings.of(env)) == "off" or not gitdirs:
         return
     child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE", "ASPEN_PREWARM_GITDIR")
              and not k.startswith("ASPEN_DEPTH1_")}

@@ -200,7 +200,7 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Ite
     never while a client waits."""
     from ..runtime import admission  # startup
     try:
-        slot = admission.acquire(admission.capacity(ctx.env), ctx.gitdir)
+        slot = admission.acquire(admission.capacity(ctx.settings), ctx.gitdir)
     except admission.Overloaded as e:
         ctx.trace["cache"] = "overloaded"
         raise ServiceRefused(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
@@ -256,14 +256,14 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     client waits) builds the wide answer at once."""
     from . import packobjectshook as packhook  # startup
     from ..cache import responses  # startup
-    depth1 = packhook.wants_wide_pack(req, ctx.env)
-    sdir = state_dir(ctx.gitdir, ctx.env)
+    depth1 = packhook.wants_wide_pack(req, ctx.settings)
+    sdir = state_dir(ctx.gitdir, ctx.settings)
     if depth1:
         ctx.trace["depth1"] = "stock"
         from . import depth1 as wide, demand  # startup
         if not wide.no_client(ctx.env):
             demand.note_demand(sdir)
-    settings = responses.settings(sdir, ctx.env)
+    settings = responses.settings(sdir, ctx.settings)
     if settings is None:
         return compute(ctx, req, data)
     key = _cache_key(ctx, data)
@@ -289,7 +289,7 @@ def _cached(ctx, settings, answer) -> Iterable[bytes]:
             effects = responses.replay_effects(settings, answer.body)
             if "depth1" in ctx.trace:
                 from .demand import demand_effect  # startup
-                effects.append(demand_effect(state_dir(ctx.gitdir, ctx.env)))
+                effects.append(demand_effect(state_dir(ctx.gitdir, ctx.settings)))
             ctx.trace.update(replayable=True, replay_file=responses.entry_span(answer.body), replay_effects=effects)
         if "depth1" in ctx.trace:           # what the entry holds (an entry older than the marks: unknown)
             label = DEPTH1_LABELS.get(answer.body.depth1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-from .. import settings
 import json
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
@@ -17,11 +16,6 @@ if TYPE_CHECKING:
 
 
 METRICS_KEY = "metrics_dir"     # in a response's trace: count it in this metrics directory (metrics.py)
-
-
-def enabled(env) -> bool:
-    """ASPEN_ACCESS_LOG (settings.py)."""
-    return settings.of(env).access_log
 
 
 def line(method: str, path: str, status: int, nbytes: int, started: float, trace: dict) -> str:

@@ -18,6 +18,7 @@ from . import dumb, paths, routes
 from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
 from .limits import Limits
+from ..model.trace import Trace
 from .message import HttpError, Request, Response
 from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env
 from .query import parameters
@@ -105,7 +106,7 @@ _ERROR_TRACE = ("version", "cache")
 
 def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
     hdrs = list(e.prefix) + [("Status", f"{e.status} {e.reason}")] + e.extra + H.nocache()
-    trace: dict = {}
+    trace = Trace()
     if seen:
         ctx_trace = seen.get("trace") or {}
         trace.update({k: ctx_trace[k] for k in _ERROR_TRACE if k in ctx_trace})
@@ -119,7 +120,7 @@ def _metrics_response(env: Mapping[str, str]) -> Response:
     from . import metricspage          # startup
     body = metrics.exposition(metricspage.snapshot(env)).encode()
     hdrs = H.nocache() + [("Content-Length", str(len(body))), ("Content-Type", metrics.CONTENT_TYPE)]
-    return Response(200, "OK", hdrs, [body], trace={"service": "metrics"})
+    return Response(200, "OK", hdrs, [body], trace=Trace(service="metrics"))
 
 
 @dataclass

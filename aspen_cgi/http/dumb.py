@@ -83,14 +83,13 @@ def within(base: str, real: str) -> bool:
     return real == base or real.startswith(base + "/")
 
 
-def _servable(gitdir: str, name: str, real: str, env: Optional[Mapping[str, str]] = None) -> bool:
+def _servable(gitdir: str, name: str, real: str, s: settings.Settings) -> bool:
     """Inside the repository (or its objects directory, which may be linked
     elsewhere as a whole), and not inside Aspen's own state: the ref store,
     response cache and stored packs are never files to serve."""
     roots = [gitdir] + ([os.path.join(gitdir, "objects")] if name.startswith("objects/") else [])
     if not any(within(r, real) for r in roots):
         return False
-    s = settings.of(env)
     private = [os.path.join(gitdir, "aspen")] + [d for d in (s.state_dir, s.cache_dir) if d]
     return not any(within(p, real) for p in private)
 
@@ -114,7 +113,7 @@ def local_file(gitdir: str, name: str, prefix: list[tuple[str, str]], content_ty
         if not stat.S_ISREG(st.st_mode):
             why = os.strerror(errno.EISDIR) if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise HttpError(404, "Not Found", f"Cannot open '{name}': {why}", headers=prefix)
-        if not _servable(gitdir, name, _opened_path(fd, path), env):
+        if not _servable(gitdir, name, _opened_path(fd, path), settings.of(env)):
             raise HttpError(404, "Not Found", f"Cannot open '{name}': outside the repository", headers=prefix)
         f = os.fdopen(fd, "rb")
     except BaseException:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 
+from ..model.trace import Trace
+
 if TYPE_CHECKING:
     from .limits import Limits
 
@@ -27,7 +29,7 @@ class Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: Iterable[bytes] = ()
     log: list[str] = field(default_factory=list)    # stderr messages, as stock writes them
-    trace: dict = field(default_factory=dict)       # fields for the one request log line
+    trace: Trace = field(default_factory=Trace)     # fields for the one request log line (model/trace.py)
     # stderr messages known only once the body has been sent (e.g. a request body that broke mid-stream)
     late: Optional[Callable[[], list[str]]] = None
 

@@ -12,6 +12,7 @@ from typing import Mapping
 
 from ..refstore import db
 from ..runtime import admission, metrics
+from .. import settings
 
 
 def backlog(where: str) -> tuple[int, int]:
@@ -70,7 +71,7 @@ def _unlink(path: str) -> None:
 # -- reading them -----------------------------------------------------------------------------------
 
 def gauges(env: Mapping[str, str], where: str) -> dict[str, float]:
-    g = admission.gauges(admission.capacity(env))
+    g = admission.gauges(admission.capacity(settings.of(env)))
     versions, repos = backlog(where)
     return {"aspen_admission_queue_depth": g.queued, "aspen_admission_cold_running": g.running,
             "aspen_pack_builds_running": g.builds, "aspen_version_pack_backlog": versions,
@@ -79,7 +80,7 @@ def gauges(env: Mapping[str, str], where: str) -> dict[str, float]:
 
 def snapshot(env: Mapping[str, str]) -> dict[str, float]:
     """Every series now: the counters added up and the gauges read."""
-    where = metrics.directory(env)
+    where = metrics.directory(settings.of(env))
     out = metrics.totals(where)
     for name in metrics.UNLABELLED:
         out.setdefault(name, 0)

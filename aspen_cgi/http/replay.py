@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
+from .. import settings
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 
@@ -154,7 +155,7 @@ def lookup(env: Mapping[str, str], body: bytes = b"") -> Optional[Recorded]:
     slot = _slot(key)
     for suffix in SUFFIXES:
         try:
-            with open(os.path.join(state_dir(repo + suffix, env), "replay", slot), "rb") as f:
+            with open(os.path.join(state_dir(repo + suffix, settings.of(env)), "replay", slot), "rb") as f:
                 data = f.read(MAX_ANSWER + 65536)
         except OSError:
             continue
@@ -190,7 +191,7 @@ class Flight:
             return None
         slot = _slot(_key(env, body))
         for suffix in SUFFIXES:
-            sdir = state_dir(repo + suffix, env)
+            sdir = state_dir(repo + suffix, settings.of(env))
             if os.path.isdir(sdir):
                 break
         else:
@@ -298,7 +299,7 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
             return False
     key = _key(env, body)
     stats = _stats(paths)
-    sdir = state_dir(gitdir, env)
+    sdir = state_dir(gitdir, settings.of(env))
     if not os.path.isdir(sdir):
         return False        # never made here: a repository deleted meanwhile gets nothing back
     directory = os.path.join(sdir, "replay")

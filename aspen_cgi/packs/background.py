@@ -73,9 +73,9 @@ SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
 NICE = 10                         # background builds' niceness
 
 
-def enabled(env: Mapping[str, str]) -> bool:
+def enabled(s: settings.Settings) -> bool:
     """ASPEN_VERSION_PACKS (settings.py) is not `off`."""
-    return settings.of(env).version_packs != "off"
+    return s.version_packs != "off"
 
 
 def background_search():
@@ -174,7 +174,7 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
         return False
     if config.metrics:                  # its backlog is counted at scrape time from now on
         from ..runtime import metrics  # startup
-        metrics.note_backlog(metrics.directory(env), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
+        metrics.note_backlog(metrics.directory(config), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
     if running(packs_dir):
         return False
     child = {k: v for k, v in env.items() if k not in ("GIT_NAMESPACE",)}
@@ -202,7 +202,7 @@ def await_built(gitdir: str, store, env: Mapping[str, str]) -> bool:
     unbuilt = store.unbuilt(1)
     if not unbuilt:
         return True
-    if not enabled(env):
+    if not enabled(settings.of(env)):
         return False
     if unbuilt[0] == 1 and not _small(gitdir):
         kick(gitdir, store.packs_dir, env)
@@ -266,7 +266,7 @@ class _BuildSlot:
     def take(self) -> None:
         if self.slot is None:
             from ..runtime import admission  # startup
-            self.slot = admission.acquire_build(admission.capacity(self.env), self.guard.check, self.on_wait)
+            self.slot = admission.acquire_build(admission.capacity(settings.of(self.env)), self.guard.check, self.on_wait)
             self.guard.check()
 
     def release(self) -> None:
@@ -312,7 +312,7 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
     from . import builder  # startup
     from .versionpack import DeltaSearch  # startup
     search = search or DeltaSearch()
-    quiet = compact_quiet(store.env)
+    quiet = compact_quiet(settings.of(store.env))
     done_segments = 0
     while True:
         vlock = BuildLock(store.packs_dir, guard=guard)
@@ -371,9 +371,9 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                 return
 
 
-def compact_quiet(env: Mapping[str, str]) -> float:
+def compact_quiet(s: settings.Settings) -> float:
     """Seconds without a new version before segment packs are built (ASPEN_COMPACT_QUIET_MS)."""
-    return settings.of(env).compact_quiet
+    return s.compact_quiet
 
 
 def _unquiet(store, quiet: float) -> float:
@@ -390,7 +390,7 @@ def _build(gitdir: str, env: Mapping[str, str]) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(NICE, gitexec.niceness()))
     except OSError:
         pass                         # then each git child gets a `nice` prefix
-    guard = RepoGuard.take(gitdir, state_dir(gitdir, env))
+    guard = RepoGuard.take(gitdir, state_dir(gitdir, settings.of(env)))
     if guard is None:
         return
     try:

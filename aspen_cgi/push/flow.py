@@ -225,7 +225,7 @@ class Push:
         store = self.ctx.refstore()
         if store is None:
             return
-        if background.enabled(self.ctx.env):
+        if background.enabled(self.ctx.settings):
             background.kick(self.gitdir, store.packs_dir, self.ctx.env)
         for job in self.ctx.after_push:
             job(self.gitdir, self.ctx.env, background.IN_PROCESS)
@@ -275,7 +275,7 @@ class Push:
         The store is not opened here: the push opens it where it may wait for it."""
         from ..packs import background  # startup
         from ..packs.sentpack import SentPack  # startup
-        packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.env) else None
+        packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.settings) else None
         if packs is None:
             return None
         return SentPack.start(packs, sent_pack_path(packs, self.push_id), header)
@@ -433,7 +433,7 @@ class Push:
 
     def _open_store(self):
         """The ref store, brought up to the disk now (None without one)."""
-        with store_db.patience(store_db.store_wait(self.ctx.env)):
+        with store_db.patience(store_db.store_wait(self.ctx.settings)):
             return self.ctx.refstore()
 
     def _record_hook_changes(self, store) -> None:
@@ -442,7 +442,7 @@ class Push:
             return
         meta = VersionMeta("push", self.ctx.request.user, self.push_id)
         try:
-            with store_db.patience(store_db.store_wait(self.ctx.env)):
+            with store_db.patience(store_db.store_wait(self.ctx.settings)):
                 before = store.version
                 if store_db.retry(lambda: store.sync(meta)) != before:
                     self.ctx.trace["pushed_versions"] = self.ctx.trace.get("pushed_versions", 0) + 1
@@ -494,7 +494,7 @@ class Push:
                            self.cert.record() if self.cert is not None else None)
         fast = in_process_ok(self.ctx.config, pol.is_bare(self.ctx.config))
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
-        with store_db.patience(store_db.store_wait(self.ctx.env)):
+        with store_db.patience(store_db.store_wait(self.ctx.settings)):
             return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast,
                                self.ctx.trace)
 

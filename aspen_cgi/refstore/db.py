@@ -172,9 +172,9 @@ def _migrate(conn: Conn) -> None:
 _patience = threading.local()
 
 
-def store_wait(env) -> float:
+def store_wait(s: settings.Settings) -> float:
     """ASPEN_STORE_WAIT (settings.py): seconds a push waits for a ref store another process holds locked."""
-    return settings.of(env).store_wait
+    return s.store_wait
 
 
 @contextmanager

@@ -83,14 +83,14 @@ def sent_pack_path(packs_dir: str, push_id: str) -> str:
 def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
     """The packs directory of the repository's store, without opening the store
     (a push must not open it before it may wait for it); None without a store."""
-    if _disabled(env):
+    if _disabled(settings.of(env)):
         return None
-    sdir = state_dir(gitdir, env)
+    sdir = state_dir(gitdir, settings.of(env))
     return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
 
 
-def _disabled(env: Mapping[str, str]) -> bool:
-    return not settings.of(env).refstore
+def _disabled(s: settings.Settings) -> bool:
+    return not s.refstore
 
 
 def _file_id(path: str) -> Optional[tuple[int, int]]:
@@ -136,9 +136,9 @@ class RefStore:
     def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
         """The repository's store, or None when the store is turned off or
         cannot be kept here (read-only repository without ASPEN_STATE_DIR)."""
-        if _disabled(env):
+        if _disabled(settings.of(env)):
             return None
-        sdir = state_dir(gitdir, env)
+        sdir = state_dir(gitdir, settings.of(env))
         path = os.path.join(sdir, "aspen.sqlite3")
         try:
             if not os.path.exists(path) and not os.path.isfile(os.path.join(gitdir, "HEAD")):

@@ -22,7 +22,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from .. import settings
 
@@ -51,10 +51,9 @@ class Capacity:
 BUILDS_ENV = "ASPEN_BUILDS_PER_SERVER"
 
 
-def capacity(env: Mapping[str, str]) -> Capacity:
+def capacity(s: settings.Settings) -> Capacity:
     """The ASPEN_RUN_DIR, ASPEN_COLD_*, ASPEN_QUEUE*, ASPEN_RETRY_AFTER and
-    ASPEN_BUILDS_PER_SERVER settings of ENV (settings.py)."""
-    s = settings.of(env)
+    ASPEN_BUILDS_PER_SERVER settings (settings.py)."""
     return Capacity(s.run_dir, s.cold_per_repo, s.cold_per_server, s.queue, s.queue_wait, s.retry_after,
                   s.builds_per_server)
 

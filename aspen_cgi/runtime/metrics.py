@@ -115,21 +115,15 @@ UNLABELLED = ("aspen_admission_rejected_total", "aspen_admission_queued_total",
               "aspen_admission_wait_seconds_total", "aspen_push_versions_total")
 
 
-def enabled(env: Mapping[str, str]) -> bool:
-    """ASPEN_METRICS (settings.py)."""
-    return settings.of(env).metrics
-
-
-def _base(env: Mapping[str, str]) -> tuple[str, bool]:
+def _base(s: settings.Settings) -> tuple[str, bool]:
     """(the directory metrics/ goes in, whether it is the run directory)."""
-    s = settings.of(env)
     if s.state_dir:
         return s.state_dir, False
     return s.run_dir, True
 
 
-def directory(env: Mapping[str, str]) -> str:
-    return os.path.join(_base(env)[0], SUBDIR)
+def directory(s: settings.Settings) -> str:
+    return os.path.join(_base(s)[0], SUBDIR)
 
 
 _made: set[str] = set()
@@ -140,11 +134,11 @@ def prepare(env: Mapping[str, str]) -> str:
     directory as admission makes it (sticky, open to every user: mod_wsgi's
     and Apache's users share it), a missing state directory for this user
     only (it holds ref stores)."""
-    where = directory(env)
+    where = directory(settings.of(env))
     if where not in _made:
         try:
             if not os.path.isdir(where):
-                base, run = _base(env)
+                base, run = _base(settings.of(env))
                 if not os.path.isdir(base):
                     os.makedirs(base, mode=0o1777 if run else 0o755, exist_ok=True)
                 os.makedirs(where, exist_ok=True)

@@ -18,6 +18,7 @@ from typing import Optional
 from .. import stats
 from ..model import TargetInfo
 from .base import WorkloadContext
+from aspen_cgi import settings
 
 QUERY_RUNS = 9     # timed runs per query; the median is reported
 
@@ -45,7 +46,7 @@ class Probe:
     def __enter__(self) -> "Probe":
         from aspen_cgi.refstore.store import RefStore, state_dir
         env = dict(os.environ)
-        if os.path.exists(os.path.join(state_dir(self.gitdir, env), "aspen.sqlite3")):
+        if os.path.exists(os.path.join(state_dir(self.gitdir, settings.of(env)), "aspen.sqlite3")):
             self.store = RefStore.open(self.gitdir, env, create=False)
             if self.store is not None and self.sync:
                 self.store.sync()
@@ -112,7 +113,7 @@ def stale_branch_figures(store, n: int, branch_ref: str, branch_sha: str, base_s
 def packs_dir(gitdir: Path) -> Path:
     """Where Aspen keeps GITDIR's version (and segment) packs."""
     from aspen_cgi.runtime.statedir import state_dir
-    return Path(state_dir(str(gitdir), dict(os.environ))) / "packs"
+    return Path(state_dir(str(gitdir), settings.of(dict(os.environ)))) / "packs"
 
 
 def _builder_running(pdir: Path) -> bool:

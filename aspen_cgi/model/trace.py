@@ -1,0 +1,69 @@
+"""The trace of one request: what the access line, the plan line
+(http/accesslog.py), the metrics (runtime/metrics.py) and a recorded answer
+(http/replay.py) say about it. A closed vocabulary: FIELDS names every key
+and what it holds; writing any other key is a KeyError, so no part of the
+code invents a key nothing reads. A dict underneath: the CGI program's
+replay path reads recorded traces back as plain dicts, without this module.
+Imports nothing."""
+
+FIELDS = {
+    # the request
+    "repo": "the repository as stock names it in messages",
+    "gitdir": "its git directory",
+    "service": "upload-pack, receive-pack or metrics",
+    "protocol": "the protocol version of an upload-pack request",
+    "version": "the ref-store version the request read (`-`: no store)",
+    "ended": "why the response ended before its end: client-gone, idle-timeout, request-timeout",
+    "metrics_dir": "where the response is counted (ASPEN_METRICS=1)",
+    # the response cache and depth-1 clones
+    "cache": "hit, shared, cold, prewarm, overloaded, ...",
+    "depth1": "a depth-1 clone's answer: stock or wide",
+    "queued_ms": "how long admission queued the cold computation",
+    "replayable": "the answer may be recorded for the CGI program's replay",
+    "replay_file": "the cache entry a recorded answer is sent from",
+    "replay_effects": "what a replay of the answer does beside sending it",
+    "replayed": "the CGI program sent a recorded answer",
+    # the planner
+    "plan": "planned, fallback or refused",
+    "why": "why git answers, or how a planned v0 round ended",
+    "unproved": "the haves the planner could not prove",
+    "plan_us": "planning time",
+    "visits": "versions+segments the plan's history queries read",
+    "versions_visited": "versions the plan's history queries read",
+    "segments_visited": "segment nodes the plan's history queries read",
+    "lookups": "history lookups the plan made",
+    "checked": "a refused plan's check against git's walk: ok, a reason, ready, not-ready",
+    "ready_by": "who judged an open round ready: store or git",
+    "check_us": "the check's time",
+    "extents": "the stored packs a planned answer splices",
+    "span": "a span pack: built, kept or spliced",
+    "objects": "objects in a planned answer",
+    # pushes
+    "commands": "ref updates a push asked for",
+    "push": "ok=N,ng=M: the push's ref results",
+    "proc_receive": "the proc-receive hook's outcome: ok or failed",
+    "pushed_versions": "ref-store versions the push made",
+}
+
+
+class Trace(dict):
+    """One request's trace: a dict whose keys are FIELDS only."""
+    __slots__ = ()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+        self.update(*args, **kwargs)
+
+    def __setitem__(self, key: str, value) -> None:
+        if key not in FIELDS:
+            raise KeyError(f"not a trace field: {key!r} (model/trace.py)")
+        dict.__setitem__(self, key, value)
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
