@@ -51,7 +51,7 @@ class ServiceContext:
     metadata, and the server's settings, parsed once."""
     repo: Repo
     config: RepoConfig
-    env: dict[str, str]
+    env: gitexec.GitEnv
     request: RequestInfo
     log: list[str]
     settings: Settings
@@ -110,10 +110,10 @@ def _exec_path() -> str:
     return _EXEC_PATH
 
 
-def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) -> dict[str, str]:
+def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) -> gitexec.GitEnv:
     """run_service()'s environment: everything we were given, plus the
     committer identity and the protocol version stock derives."""
-    out = dict(env)
+    out = gitexec.GitEnv(env)
     out["GIT_DIR"] = gitdir
     # stock's setup_path() exports the exec path and puts it first on PATH, so
     # children and hooks see GIT_EXEC_PATH and can run dashed helpers

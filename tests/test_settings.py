@@ -71,6 +71,19 @@ def test_every_aspen_name_in_the_code_is_in_the_table_or_internal():
     assert set(settings.NAMES) <= seen
 
 
+def test_no_setting_is_read_from_an_environment_outside_settings_py():
+    """settings.py parses every ASPEN_* setting; elsewhere the code asks it
+    (settings.of, a Settings), and only internal hand-offs (settings.INTERNAL)
+    are read from an environment directly."""
+    reads = re.compile(r"""(?:\.get\(|environ\[|env\[)\s*["'](ASPEN_[A-Z0-9_]+)["']""")
+    for path in (ROOT / "aspen_cgi").rglob("*.py"):
+        if path.name == "settings.py":
+            continue
+        for name in reads.findall(path.read_text()):
+            assert name not in settings.NAMES, f"{path}: reads {name} itself"
+    assert reads.findall('x = env.get("ASPEN_CACHE")') == ["ASPEN_CACHE"]    # the pattern sees a read
+
+
 def test_defaults_and_each_kind_parsed():
     s = settings.parse([None] * len(settings.TABLE))
     assert (s.access_log, s.metrics, s.cache, s.refstore, s.wide_depth1) == (True, False, True, True, True)

@@ -52,7 +52,8 @@ from .. import settings as aspen_settings
 NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer (settings.INTERNAL)
 NICE = 10
 RETRY_AFTER_S = 60.0
-_ENV = ("ASPEN_DEPTH1_GITDIR", "ASPEN_DEPTH1_NAME", "ASPEN_DEPTH1_VERSION", "ASPEN_DEPTH1_REQUEST")
+# what hands a job to the detached builder (settings.INTERNAL)
+HANDOFF = ("ASPEN_DEPTH1_GITDIR", "ASPEN_DEPTH1_NAME", "ASPEN_DEPTH1_VERSION", "ASPEN_DEPTH1_REQUEST")
 
 
 def no_client(env: Mapping[str, str]) -> bool:
@@ -350,8 +351,8 @@ def _detached(job: Job) -> bool:
         os.write(fd, job.data)
     finally:
         os.close(fd)
-    child = {k: v for k, v in job.env.items() if k not in _ENV}
-    child.update(zip(_ENV, (job.gitdir, job.name, str(job.version), request)))
+    child = gitexec.child_env(job.env).without(*HANDOFF)
+    child.update(zip(HANDOFF, (job.gitdir, job.name, str(job.version), request)))
     try:
         gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.depth1"], env=child)
     except OSError:
@@ -369,8 +370,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.nice(NICE)
     except OSError:
         pass
-    gitdir, name, version, request = (os.environ.get(k, "") for k in _ENV)
-    env = {k: v for k, v in os.environ.items() if k not in _ENV}
+    gitdir, name, version, request = (os.environ.get(k, "") for k in HANDOFF)
+    from ..git import gitexec  # startup
+    env = gitexec.child_env().without(*HANDOFF)
     guard = _guard(gitdir, env)
     if guard is None:
         try:

@@ -36,6 +36,7 @@ import threading
 from typing import Mapping, Optional
 
 from .. import settings as aspen_settings
+from ..git import gitexec
 from ..model.objectid import ZERO, is_null
 from ..protocol import pktline
 from .demand import demanded
@@ -78,7 +79,7 @@ def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
     from ..service import Repo, RequestInfo, ServiceContext, ServiceRefused, child_env  # startup
     from . import upload  # startup
     guard.check()
-    cenv = child_env({**{k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE")},
+    cenv = child_env({**gitexec.child_env(env).without("GIT_DIR", "GIT_NAMESPACE"),
                       "GIT_PROTOCOL": "version=2", "ASPEN_NO_CLIENT": "1"}, gitdir)    # fetch/depth1.py
     config = RepoConfig.load(gitdir, cenv)
     try:
@@ -195,7 +196,7 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     config = aspen_settings.of(env)
     if policy(config) == "off" or not demanded(state_dir(gitdir, config), config):
         return False
-    child = {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}
+    child = gitexec.child_env(env).without("GIT_NAMESPACE")
     if in_process:
         def work() -> None:
             try:
@@ -210,7 +211,6 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
                 sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
         threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
         return True
-    from ..git import gitexec  # startup
     child["ASPEN_PREWARM_GITDIR"] = gitdir
     gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.prewarm"], env=child)
     return True
@@ -223,11 +223,10 @@ def after_import(gitdirs: list[str], env: Mapping[str, str]) -> None:
     them all, one after the other, with this command's environment. Its entries are the server's when the server's configuration
     environment is the same (user, HOME, GIT_CONFIG_*, ASPEN_CACHE_DIR or
     ASPEN_STATE_DIR)."""
-    from ..git import gitexec  # startup
     if policy(aspen_settings.of(env)) == "off" or not gitdirs:
         return
-    child = {k: v for k, v in env.items() if k not in ("GIT_DIR", "GIT_NAMESPACE", "ASPEN_PREWARM_GITDIR")
-             and not k.startswith("ASPEN_DEPTH1_")}
+    from .depth1 import HANDOFF  # startup
+    child = gitexec.child_env(env).without("GIT_DIR", "GIT_NAMESPACE", "ASPEN_PREWARM_GITDIR", *HANDOFF)
     try:
         gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.prewarm", *gitdirs], env=child)
     except OSError as e:

@@ -33,13 +33,28 @@ class Result:
         return self.returncode == 0
 
 
-def child_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+class GitEnv(dict):
+    """The environment a git child or a hook runs with: what stock's backend
+    passes on to them (the server's environment and the CGI meta-variables,
+    GIT_DIR, the committer identity, GIT_PROTOCOL), plus the variables a step
+    adds (a quarantine's object directory, a shallow file). Settings are
+    read from Settings and the request's metadata from RequestInfo
+    (service.py), not from here; this is what crosses this module's door."""
+    __slots__ = ()
+
+    def without(self, *names: str) -> "GitEnv":
+        """The same environment less NAMES (GIT_DIR for a command that finds its
+        own, GIT_NAMESPACE for work over the whole repository)."""
+        return GitEnv({k: v for k, v in self.items() if k not in names})
+
+
+def child_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> GitEnv:
+    env = GitEnv(os.environ if base is None else base)
     env.update(extra)
     return env
 
 
-def git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+def git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
         input: Optional[bytes] = None, timeout: Optional[float] = None) -> Result:
     """Run `git ARGS` to completion and capture its output."""
     proc = subprocess.run([GIT, *args], cwd=cwd, env=env, input=input,
@@ -47,7 +62,7 @@ def git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = Non
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-def program(argv: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+def program(argv: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
             input: Optional[bytes] = None, timeout: Optional[float] = None) -> Result:
     """Run another program git itself would run (gpg, gpgsm, ssh-keygen for
     signature checks) to completion and capture its output; stdin is INPUT,
@@ -92,7 +107,7 @@ class Stream:
     when the client goes away, git goes too.
     """
 
-    def __init__(self, argv: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]],
+    def __init__(self, argv: Sequence[str], *, cwd: str, env: Optional[GitEnv],
                  input: bytes | Iterator[bytes] | None, stderr: Optional[IO] = None):
         self.argv = list(argv)
         self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env,
@@ -137,20 +152,20 @@ class Stream:
             self.proc.stdout.close()
 
 
-def git_stream(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+def git_stream(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
                input: bytes | Iterator[bytes] | None = None, stderr: Optional[IO] = None) -> Stream:
     """Start `git ARGS` and return its stdout as a stream of chunks."""
     return Stream([GIT, *args], cwd=cwd, env=env, input=input, stderr=stderr)
 
 
-def start(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+def start(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
           stdin: int | IO | None = subprocess.PIPE, stdout: int | IO | None = subprocess.PIPE,
           stderr: int | IO | None = subprocess.PIPE) -> subprocess.Popen:
     """Start `git ARGS` with the pipes the caller wants (for pack intake)."""
     return subprocess.Popen([GIT, *args], cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
 
 
-def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
+def hook(path: str, args: Sequence[str], *, cwd: str, env: GitEnv,
          input: bytes = b"") -> subprocess.Popen:
     """Start a repository hook with stdout and stderr merged, as stock relays them."""
     proc = subprocess.Popen([path, *args], cwd=cwd, env=env, stdin=subprocess.PIPE,
@@ -159,7 +174,7 @@ def hook(path: str, args: Sequence[str], *, cwd: str, env: Mapping[str, str],
     return proc
 
 
-def hook_conversation(path: str, *, cwd: str, env: Mapping[str, str]) -> subprocess.Popen:
+def hook_conversation(path: str, *, cwd: str, env: GitEnv) -> subprocess.Popen:
     """Start a hook that speaks a protocol on its stdin and stdout (proc-receive),
     its stderr a pipe of its own for the caller to relay."""
     return subprocess.Popen([path], cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -174,7 +189,7 @@ def niceness() -> int:
         return 0
 
 
-def background_git(args: Sequence[str], *, cwd: str, env: Optional[Mapping[str, str]] = None,
+def background_git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
                    input: Optional[bytes] = None, stdin: int | IO | None = None,
                    stdout: int | IO | None = subprocess.PIPE, check: Optional[Callable[[], None]] = None,
                    nice: int = 0, interval: float = 0.02) -> Result:

@@ -177,7 +177,7 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
         metrics.note_backlog(metrics.directory(config), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
     if running(packs_dir):
         return False
-    child = {k: v for k, v in env.items() if k not in ("GIT_NAMESPACE",)}
+    child = gitexec.child_env(env).without("GIT_NAMESPACE")
     if IN_PROCESS:
         threading.Thread(target=_build, args=(gitdir, child), daemon=True, name="aspen-packs").start()
         return True

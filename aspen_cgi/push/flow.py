@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Generator, Iterator, Optional
 
 from . import autogc, deploy, intake, procreceive, shallow as shallowpush
 from ..git import gitexec
+from ..git.gitexec import GitEnv
 from . import policy as pol
 from ..git.hooks import Hooks
 from ..protocol import pktline, push
@@ -75,7 +76,7 @@ class Push:
         self.policy = pol.PushPolicy.from_config(ctx.config)
         self.hooks = Hooks(ctx.gitdir, ctx.config, ctx.log)
         self.prefix = namespace_prefix(ctx.namespace)
-        self.env = dict(ctx.env)     # the children's: GIT_SHALLOW_FILE added for a shallow update
+        self.env = GitEnv(ctx.env)     # the children's: GIT_SHALLOW_FILE added for a shallow update
         self.shallow: Optional[shallowpush.ShallowPush] = None
         self.walked: set[str] = set()  # the tips the connectivity walk listed the new objects of
         self.quarantine: Optional[intake.Quarantine] = None

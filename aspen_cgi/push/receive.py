@@ -44,7 +44,7 @@ def _alternate_tips(ctx) -> list[str]:
         objects = path if os.path.isabs(path) else os.path.normpath(os.path.join(ctx.gitdir, "objects", path))
         repo = os.path.dirname(objects)
         if os.path.isdir(repo):
-            tips += [r.oid for r in read_refs(repo, {k: v for k, v in ctx.env.items() if k != "GIT_DIR"}).refs]
+            tips += [r.oid for r in read_refs(repo, ctx.env.without("GIT_DIR")).refs]
     return tips
 
 

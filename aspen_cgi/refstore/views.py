@@ -6,16 +6,10 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from ..git import reader
+from ..git import gitexec, reader
 from ..model import refs as refs_mod
 from . import diskrefs
 from ..model.versions import StoredRef
-
-
-def gitexec_env(env: Mapping[str, str]) -> dict[str, str]:
-    out = dict(env)
-    out["GIT_DIR"] = "."
-    return out
 
 
 def ref_value(r: Optional[StoredRef]) -> Optional[tuple[Optional[str], Optional[str]]]:
@@ -34,7 +28,7 @@ def tip_rows(rows: Sequence[StoredRef]) -> list[tuple[str, str]]:
 
 def read_git(gitdir: str, env: Mapping[str, str]) -> list[StoredRef]:
     """Every ref under refs/ as git reads it, with types and peeled values."""
-    snap = reader.read_refs(gitdir, {k: v for k, v in env.items() if k != "GIT_NAMESPACE"}, None)
+    snap = reader.read_refs(gitdir, gitexec.child_env(env).without("GIT_NAMESPACE"), None)
     out = []
     for r in snap.refs:
         if r.symref_target:
@@ -130,6 +124,6 @@ def to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], 
         if ref is not None:
             head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
     elif direct_oid:
-        info = reader.object_info(gitdir, gitexec_env(env), [direct_oid]).get(direct_oid, ("missing", None))
+        info = reader.object_info(gitdir, gitexec.child_env(env, GIT_DIR="."), [direct_oid]).get(direct_oid, ("missing", None))
         head = Ref("HEAD", direct_oid, info[1] if info[0] == "tag" else None, None, info[0] == "missing")
     return refs_mod.RefSnapshot(tuple(out), head, target, prefix)
