@@ -281,3 +281,43 @@ def test_a_configuration_with_includes_is_never_recorded(repo):
     extra.write_text("[uploadpack]\n\thiderefs = refs/heads/topic\n")
     res, replayed = _ask(env)
     assert not replayed and b"refs/tags/" in res.body and b"refs/heads/topic" not in res.body
+
+
+def _imported(env: dict) -> set[str]:
+    """The modules one aspen-cgi request loads, as CPython's -X importtime lists them."""
+    import subprocess
+    import sys
+    from .harness import ASPEN_CGI, BASE_ENV
+    python = str(Path(sys.executable).parent / "python3")
+    # through sh, as bin/aspen-cgi starts Python: the environment (a replay's key) is the same
+    proc = subprocess.run(["/bin/sh", "-c", 'exec "$0" -I -S -X importtime "$1"', python, ASPEN_CGI],
+                          env={**BASE_ENV, **env},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert proc.returncode == 0 and proc.stdout, proc.stderr[-2000:]
+    return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.decode().splitlines()
+            if line.startswith("import time:") and "|" in line} - {"imported package"}
+
+
+# What a replayed answer may load beside the interpreter's own start-up: the
+# CGI program, settings, and the replay path (http/replay.py's imports).
+REPLAY_PATH = {"aspen_cgi", "aspen_cgi.cgi", "aspen_cgi.settings", "aspen_cgi.model", "aspen_cgi.model.gitvalues",
+               "aspen_cgi.http", "aspen_cgi.http.replay", "aspen_cgi.http.accesslog", "aspen_cgi.http.limits", "aspen_cgi.git",
+               "aspen_cgi.git.configfiles", "aspen_cgi.runtime", "aspen_cgi.runtime.statedir"}
+
+
+def test_a_replayed_answer_loads_only_the_replay_path(repo):
+    """Each module costs every CGI request start-up time (json alone costs
+    milliseconds): a replayed answer loads the replay path and nothing of
+    the pipeline, and a pipeline answer of an advertisement loads no JSON,
+    URL parsing, SQLite schema tool or pack library."""
+    root, bare, home = repo
+    env = dict(_env(root, home), ASPEN_ACCESS_LOG="1")
+    _settled(env, b"", root, home)
+    mods = _imported(env)
+    assert {m for m in mods if m.startswith("aspen_cgi")} <= REPLAY_PATH
+    assert "aspen_cgi.http.replay" in mods
+    assert not mods & {"json", "re", "typing", "dataclasses", "subprocess", "sqlite3", "hashlib"}
+    pipeline = _imported(dict(env, ASPEN_TEST_KEY=uuid.uuid4().hex))
+    assert "aspen_cgi.http.backend" in pipeline
+    assert not pipeline & {"json", "urllib.parse", "sqlite_utils", "dulwich", "aspen_cgi.planner.plan",
+                           "aspen_cgi.push.flow", "aspen_cgi.packs.splice"}

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 
-import json
-
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 if TYPE_CHECKING:
     from typing import IO, Iterable, Iterator
@@ -38,6 +36,7 @@ def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:
     """The plan trace of one fetch response as JSON: repo, ref-store version,
     plan or fallback and why, visits, extents, objects, response bytes,
     planning µs and serving ms."""
+    import json  # startup: a CGI request that writes no plan line never loads it
     record = {"repo": trace.get("repo"), "version": trace.get("version"), "status": status, "bytes": nbytes,
               "serve_ms": round((time.monotonic() - started) * 1000, 2)}
     for key in PLAN_KEYS:

@@ -31,7 +31,6 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
-from urllib.parse import quote
 
 SCHEMA_VERSION = 6
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
@@ -620,6 +619,7 @@ def unbuilt_count(path: str) -> Optional[int]:
     removes the write-ahead log; like any reader it makes `-wal` and `-shm`
     beside the file when no connection had); None when it cannot be read."""
     try:
+        from urllib.parse import quote  # startup: only the metrics page reads a store this way
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.2, isolation_level=None)
     except sqlite3.Error:
         return None
