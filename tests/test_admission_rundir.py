@@ -14,8 +14,9 @@ from pathlib import Path
 
 PROBE = """
 import sys
+from aspen_cgi import settings
 from aspen_cgi.runtime import admission
-lim = admission.capacity({"ASPEN_RUN_DIR": sys.argv[1], "ASPEN_QUEUE": "4"})
+lim = admission.capacity(settings.of({"ASPEN_RUN_DIR": sys.argv[1], "ASPEN_QUEUE": "4"}))
 try:
     slot = admission.acquire(lim, sys.argv[2])
 except admission.Overloaded as e:
