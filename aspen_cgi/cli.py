@@ -377,6 +377,19 @@ def _depth1_entries(items) -> dict[str, int]:
     return counts
 
 
+def _cmd_install_cgi(args: argparse.Namespace) -> int:
+    from . import cgilauncher  # startup
+    path = args.path or cgilauncher.installed()
+    python = args.python or os.path.join(os.path.dirname(path), "python3")
+    why = cgilauncher.rewrite(path, python)
+    if why is not None:
+        print(f"aspen install-cgi: {why}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(f"{path}: starts {python} -IS directly")
+    return 0
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     from .runtime import admission  # startup
     from .cache import evict, responses, stats  # startup
@@ -548,6 +561,16 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("repo", help="path of the repository")
     query.add_argument("args", nargs="*", help="REF J K for ancestor, COMMIT for tip")
     query.set_defaults(func=_cmd_query)
+
+    icgi = sub.add_parser("install-cgi", help="make the installed aspen-cgi start Python directly, without /bin/sh",
+                          description="Rewrite the first line of the installed aspen-cgi (pip installs it as a /bin/sh "
+                                      "line that execs Python with -I -S) to start the venv's Python directly with the "
+                                      "same flags: 0.8 ms less of every CGI request. ./run setup runs it; after a "
+                                      "plain `pip install`, run it once as the venv's owner.")
+    icgi.add_argument("path", nargs="?", help="the aspen-cgi to rewrite (default: the one beside this Python)")
+    icgi.add_argument("--python", help="the interpreter it starts (default: python3 beside it)")
+    icgi.add_argument("-q", "--quiet", action="store_true", help="print nothing when it succeeds")
+    icgi.set_defaults(func=_cmd_install_cgi)
 
     st = sub.add_parser("stats", help="response cache, admission and server metrics figures",
                         description="For each repository: requests answered through the response cache, the hit "

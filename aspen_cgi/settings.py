@@ -27,13 +27,14 @@ values, so that a long-lived process parses each environment once and every
 later call is a dictionary lookup. docs/settings.md is this table
 (`python -m aspen_cgi.settings` prints it; tests/test_settings.py checks it).
 
-Imports only os and gitvalues, and builds only plain tuples and two plain
+Imports only posix, sys and gitvalues (not os: ~1 ms), and builds only plain tuples and two plain
 classes at import (no dataclass, no typing): aspen-cgi reads its settings
 before anything else, its fast path (http/replay.py) included."""
 
 from __future__ import annotations
 
-import os
+import posix
+import sys
 
 from .model.gitvalues import ConfigError, parse_bool, parse_size
 
@@ -69,11 +70,11 @@ ACCEPTED = {
 
 
 def _cores() -> int:
-    return os.cpu_count() or 2
+    return posix.cpu_count() or 2
 
 
 def _run_dir() -> str:
-    return f"/tmp/aspen-run-{os.getuid()}"
+    return f"/tmp/aspen-run-{posix.getuid()}"
 
 
 _VERSION_PACKS = {"auto": "auto", "off": "off", "on": "auto", "true": "auto", "yes": "auto", "1": "auto",
@@ -239,7 +240,7 @@ def parse(values) -> Settings:
     problems = []
     for row, raw in zip(TABLE, values):
         if isinstance(raw, bytes):
-            raw = os.fsdecode(raw)
+            raw = raw.decode(sys.getfilesystemencoding(), "surrogateescape")      # os.fsdecode
         text = raw.strip() if raw else ""
         if not text:
             default = row[3]
@@ -264,22 +265,17 @@ _CACHE_MAX = 256
 
 
 def _raw(env: Optional[Mapping[str, str]]) -> tuple:
-    """Each setting's raw value: ENV's if non-empty, else the process environment's."""
-    data = getattr(os.environ, "_data", None)
-    if isinstance(data, dict) and data and isinstance(next(iter(data)), bytes):
-        # os.environ.get() encodes the name and decodes the value: ~1 us a name, 30 us a call,
-        # several calls a request. The dictionary of bytes under it (POSIX) is the same
-        # environment, kept up to date by os.environ itself: ~3 us a call.
-        proc = data.get
-        if env is None or env is os.environ:
-            return tuple([proc(b) for _, b in _LOOKUP])
-        get = env.get
-        return tuple([get(n) or proc(b) for n, b in _LOOKUP])
-    proc = os.environ.get
-    if env is None or env is os.environ:
-        return tuple([proc(n) for n, _ in _LOOKUP])
+    """Each setting's raw value: ENV's if non-empty, else the process environment's.
+
+    The process environment is read from posix.environ, the dictionary of
+    bytes os.environ keeps up to date under it (os.environ.get() encodes the
+    name and decodes the value: ~30 us a call, several calls a request; and
+    the CGI program's first steps do not import os)."""
+    proc = posix.environ.get
+    if env is None or getattr(env, "_data", None) is posix.environ:
+        return tuple([proc(b) for _, b in _LOOKUP])
     get = env.get
-    return tuple([get(n) or proc(n) for n, _ in _LOOKUP])
+    return tuple([get(n) or proc(b) for n, b in _LOOKUP])
 
 
 def of(env: Optional[Mapping[str, str]] = None) -> Settings:
@@ -320,7 +316,6 @@ def with_table(doc: str) -> str:
 
 
 if __name__ == "__main__":
-    import sys
     if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
         with open(sys.argv[2]) as f:
             text = f.read()

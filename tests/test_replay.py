@@ -288,10 +288,14 @@ def _imported(env: dict) -> set[str]:
     import subprocess
     import sys
     from .harness import ASPEN_CGI, BASE_ENV
-    python = str(Path(sys.executable).parent / "python3")
-    # through sh, as bin/aspen-cgi starts Python: the environment (a replay's key) is the same
-    proc = subprocess.run(["/bin/sh", "-c", 'exec "$0" -I -S -X importtime "$1"', python, ASPEN_CGI],
-                          env={**BASE_ENV, **env},
+    first = Path(ASPEN_CGI).read_bytes().split(b"\n", 1)[0].decode()
+    if first == "#!/bin/sh":        # as pip installs it: sh execs Python with -I -S (and adds PWD to the environment)
+        argv = ["/bin/sh", "-c", 'exec "$0" -I -S -X importtime "$1"', str(Path(sys.executable).parent / "python3"),
+                ASPEN_CGI]
+    else:                           # as `aspen install-cgi` leaves it: the interpreter and its flags on the #! line
+        interpreter, flags = first[2:].split(" ", 1)
+        argv = [interpreter, flags, "-X", "importtime", ASPEN_CGI]
+    proc = subprocess.run(argv, env={**BASE_ENV, **env},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert proc.returncode == 0 and proc.stdout, proc.stderr[-2000:]
     return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.decode().splitlines()
@@ -307,8 +311,8 @@ REPLAY_PATH = {"aspen_cgi", "aspen_cgi.cgi", "aspen_cgi.settings", "aspen_cgi.mo
 
 def test_a_replayed_answer_loads_only_the_replay_path(repo):
     """Each module costs every CGI request start-up time (json alone costs
-    milliseconds): a replayed answer loads the replay path and nothing of
-    the pipeline, and a pipeline answer of an advertisement loads no JSON,
+    milliseconds, os about one): a replayed answer loads the replay path and
+    nothing of the pipeline, not even os, and a pipeline answer of an advertisement loads no JSON,
     URL parsing, SQLite schema tool or pack library."""
     root, bare, home = repo
     env = dict(_env(root, home), ASPEN_ACCESS_LOG="1")
@@ -316,7 +320,7 @@ def test_a_replayed_answer_loads_only_the_replay_path(repo):
     mods = _imported(env)
     assert {m for m in mods if m.startswith("aspen_cgi")} <= REPLAY_PATH
     assert "aspen_cgi.http.replay" in mods
-    assert not mods & {"json", "re", "typing", "dataclasses", "subprocess", "sqlite3", "hashlib"}
+    assert not mods & {"os", "posixpath", "json", "re", "typing", "dataclasses", "subprocess", "sqlite3", "hashlib"}
     pipeline = _imported(dict(env, ASPEN_TEST_KEY=uuid.uuid4().hex))
     assert "aspen_cgi.http.backend" in pipeline
     assert not pipeline & {"json", "urllib.parse", "sqlite_utils", "dulwich", "aspen_cgi.planner.plan",

@@ -1,11 +1,10 @@
 """The files git reads a repository's configuration from (includes aside),
 as GIT_CONFIG_GLOBAL, GIT_CONFIG_NOSYSTEM, GIT_CONFIG_SYSTEM, HOME and
-XDG_CONFIG_HOME place them. Imports only os: the CGI program's first steps
-use it."""
+XDG_CONFIG_HOME place them. Imports nothing (not even os): the CGI
+program's first steps use it."""
 
 from __future__ import annotations
 
-import os
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 
 if TYPE_CHECKING:
@@ -23,17 +22,22 @@ def _true(value: Optional[str]) -> bool:
         return False
 
 
+def _join(path: str, name: str) -> str:
+    """os.path.join for a relative NAME."""
+    return path + name if not path or path.endswith("/") else f"{path}/{name}"
+
+
 def sources(gitdir: str, env: Mapping[str, str]) -> list[str]:
-    files = [os.path.join(gitdir, "config"), os.path.join(gitdir, "config.worktree")]
+    files = [_join(gitdir, "config"), _join(gitdir, "config.worktree")]
     if "GIT_CONFIG_GLOBAL" in env:
         files.append(env["GIT_CONFIG_GLOBAL"])
     else:
         home = env.get("HOME", "")
-        xdg = env.get("XDG_CONFIG_HOME") or (os.path.join(home, ".config") if home else "")
+        xdg = env.get("XDG_CONFIG_HOME") or (_join(home, ".config") if home else "")
         if xdg:
-            files.append(os.path.join(xdg, "git", "config"))
+            files.append(_join(xdg, "git/config"))
         if home:
-            files.append(os.path.join(home, ".gitconfig"))
+            files.append(_join(home, ".gitconfig"))
     if not _true(env.get("GIT_CONFIG_NOSYSTEM")):
         files.append(env.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig")
     return files
