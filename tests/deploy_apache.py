@@ -67,6 +67,9 @@ def install_aspen(dest: Path) -> Path:
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"pip install {PROJECT} failed:\n{p.stdout.decode(errors='replace')[-4000:]}")
+    # as the README's install line does: aspen-cgi starts Python directly (aspen_cgi/cgilauncher.py)
+    subprocess.run([str(venv / "bin" / "aspen"), "install-cgi", "-q"], check=True, timeout=120)
+    assert (venv / "bin" / "aspen-cgi").read_bytes().startswith(f"#!{venv}/bin/python3 -IS\n".encode())
     subprocess.run(["chmod", "-R", "a+rX", str(dest)], check=True)
     return venv
 
