@@ -84,6 +84,17 @@ def test_no_setting_is_read_from_an_environment_outside_settings_py():
     assert reads.findall('x = env.get("ASPEN_CACHE")') == ["ASPEN_CACHE"]    # the pattern sees a read
 
 
+def test_the_readme_tables_agree_with_the_settings_table():
+    """The README's tables of settings (limits, metrics) name settings that
+    exist, with the defaults settings.TABLE gives them."""
+    rows = re.findall(r"^\| `(ASPEN_[A-Z0-9_]+)` \| ([^|]+) \|", (ROOT / "README.md").read_text(), re.M)
+    assert len(rows) >= 5
+    defaults = {row[0]: row[4] for row in settings.TABLE}
+    for name, cell in rows:
+        assert name in defaults, f"README names {name}, which settings.py does not have"
+        assert cell.strip().startswith(defaults[name].split(" (")[0]), (name, cell, defaults[name])
+
+
 def test_defaults_and_each_kind_parsed():
     s = settings.parse([None] * len(settings.TABLE))
     assert (s.access_log, s.metrics, s.cache, s.refstore, s.wide_depth1) == (True, False, True, True, True)
