@@ -24,6 +24,8 @@ from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, chi
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
+# A push refused as too large: what of the rest of its body is read and dropped, so the client reads the 413
+DISCARD_MIN = 64 << 20
 METRICS_PATH = "/_aspen/metrics"     # metrics.PATH (kept here so that the 404 path does not load metrics.py)
 
 
@@ -313,12 +315,20 @@ class _primed:
             self.it = iter(())
         except BaseException:
             self.close()
+            self._linger()
             raise
         if self.first is None and body is not None:
             self._drain()
         if body is not None and body.error is not None:
             self.close()
+            self._linger()
             raise body.error
+
+    def _linger(self) -> None:
+        """A body refused as too large: what the client still sends of it is
+        read and dropped (Body.discard), so that it reads the 413."""
+        if self.body is not None and self.body.error is not None and self.body.error.status == 413:
+            self.body.discard(max(DISCARD_MIN, 4 * self.body.limits.max_push_bytes))
 
     def _drain(self) -> None:
         try:

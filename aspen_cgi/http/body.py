@@ -178,6 +178,27 @@ class Body:
         if ratio and self.inflated > INFLATE_FREE and self.inflated > ratio * max(consumed, 1):
             raise self._fail(413, "Payload Too Large", f"gzip request body inflates more than {ratio} times its size")
 
+    def discard(self, most: int) -> int:
+        """Read and drop up to MOST more bytes the client is still sending (past
+        any limit; its timeouts still hold), as a server's lingering close does:
+        a connection closed with unread bytes is reset, and a client still
+        sending would see the reset instead of the answer (a push over
+        ASPEN_MAX_PUSH_BYTES would say `Broken pipe`, not `HTTP 413`). How
+        many bytes were dropped."""
+        dropped = 0
+        while dropped < most and self.remaining != 0 and not self.limits.expired():
+            n = CHUNK if self.remaining is None else min(CHUNK, self.remaining)
+            try:
+                data = self.stream.read(n)
+            except Exception:   # noqa: BLE001  (idle, reset: nothing more to wait for)
+                break
+            if not data:
+                break
+            dropped += len(data)
+            if self.remaining is not None:
+                self.remaining -= len(data)
+        return dropped
+
     def read_all(self, limit: int) -> bytes:
         """The whole body, refusing more than LIMIT bytes after inflation."""
         out = bytearray()
