@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from .git import gitexec
-from .git.repoconfig import RepoConfig
+from .git.repoconfig import ConfigError, RepoConfig
 from .model.trace import Trace
 from .settings import Settings
 
@@ -132,6 +132,19 @@ def child_env(env: Mapping[str, str], gitdir: str, with_exec_path: bool = True) 
     if "HTTP_GIT_PROTOCOL" in out and "GIT_PROTOCOL" not in out:
         out["GIT_PROTOCOL"] = out["HTTP_GIT_PROTOCOL"]
     return out
+
+
+def service_enabled(name: str, config: RepoConfig, user: Optional[str]) -> bool:
+    """http.uploadpack / http.receivepack as stock's backend reads them: set, the
+    value (unparseable: off); unset, upload-pack on and receive-pack only for
+    an authenticated USER."""
+    key = "http." + name.replace("-", "")
+    if config.has(key):
+        try:
+            return config.bool(key, False)
+        except ConfigError:
+            return False
+    return name == "upload-pack" or bool(user)
 
 
 class ServiceRefused(Exception):

@@ -41,6 +41,7 @@ from ..model.objectid import ZERO, is_null
 from ..protocol import pktline
 from .demand import demanded
 
+
 def policy(s: aspen_settings.Settings) -> str:
     """ASPEN_PREWARM (settings.py): `default`, `all` or `off`."""
     return s.prewarm
@@ -74,19 +75,16 @@ def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
     """Answer one depth-1 request as fetch/upload.py answers a client's
     (filling the cache), with nobody waiting; whether it was answered.
     Stopped (RepositoryGone) as soon as GUARD finds the repository gone."""
-    from ..git.repoconfig import ConfigError, RepoConfig  # startup
+    from ..git.repoconfig import RepoConfig  # startup
     from ..runtime.repoguard import RepositoryGone  # startup
-    from ..service import Repo, RequestInfo, ServiceContext, ServiceRefused, child_env  # startup
+    from ..service import Repo, RequestInfo, ServiceContext, ServiceRefused, child_env, service_enabled  # startup
     from . import upload  # startup
     guard.check()
-    cenv = child_env({**gitexec.child_env(env).without("GIT_DIR", "GIT_NAMESPACE"),
+    cenv = child_env({**gitexec.GitEnv(env).without("GIT_DIR", "GIT_NAMESPACE"),
                       "GIT_PROTOCOL": "version=2", "ASPEN_NO_CLIENT": "1"}, gitdir)    # fetch/depth1.py
     config = RepoConfig.load(gitdir, cenv)
-    try:
-        if not config.bool("http.uploadpack", True):
-            return False            # stock's backend would refuse every client's fetch
-    except ConfigError:
-        return False
+    if not service_enabled("upload-pack", config, None):
+        return False                # stock's backend would refuse every client's fetch
     ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, RequestInfo.of(cenv, 2), [], aspen_settings.of(cenv))
     try:
         stream = upload.serve(ctx, body)

@@ -20,7 +20,7 @@ from .body import Body, BodyError, max_request_buffer, parse_content_length, rea
 from .limits import Limits
 from ..model.trace import Trace
 from .message import HttpError, Request, Response
-from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env
+from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env, service_enabled
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
@@ -33,18 +33,6 @@ def _forbidden(msg: str, prefix: list[tuple[str, str]]) -> HttpError:
     return HttpError(403, "Forbidden", msg, headers=prefix)
 
 
-def _service_enabled(name: str, config: RepoConfig, env: Mapping[str, str]) -> bool:
-    key = "http." + name.replace("-", "")
-    if config.has(key):
-        try:
-            return config.bool(key, False)
-        except ConfigError:
-            return False
-    if name == "upload-pack":
-        return True
-    return bool(env.get("REMOTE_USER"))
-
-
 def _note_service(seen: dict, name: str) -> None:
     """The service a request names, for its access line even when it is refused (403)."""
     if name.startswith("git-") and name[4:] in SERVICES:
@@ -55,7 +43,7 @@ def select_service(name: str, config: RepoConfig, env: Mapping[str, str], prefix
     if not name.startswith("git-") or name[4:] not in SERVICES:
         raise _forbidden(f"Unsupported service: '{name}'", prefix)
     svc = name[4:]
-    if not _service_enabled(svc, config, env):
+    if not service_enabled(svc, config, env.get("REMOTE_USER")):
         raise _forbidden(f"Service not enabled: '{svc}'", prefix)
     return svc
 
@@ -143,13 +131,12 @@ class _Call:
     def env(self) -> Mapping[str, str]:
         return self.req.env
 
-    def context(self) -> ServiceContext:
-        return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv), [],
+    def context(self, protocol: Optional[int] = None) -> ServiceContext:
+        return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, protocol), [],
                               settings.of(self.env))
 
     def snapshot(self) -> refs_mod.RefSnapshot:
-        return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, 0), [],
-                              settings.of(self.env)).snapshot(self.namespace)
+        return self.context(0).snapshot(self.namespace)
 
 
 def _head(c: _Call) -> Response:
