@@ -161,13 +161,20 @@ def main() -> int:
             if flight is not None and not flight.leader and _replayed(env, prefix, started, config):
                 return 0
     try:
+        if config.cgi_resident:
+            from .handoff import hand_off  # startup
+            status = hand_off(config.run_dir, config.cgi_resident_idle, config.cgi_resident_workers, kind, prefix,
+                              started, started_ns)
+            if status is not None:
+                return status
         return _pipeline(env, kind, prefix, started, started_ns, config)
     finally:
         if flight is not None:
             flight.end()
 
 
-def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, config) -> int:
+def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, config,
+              resident: bool = False) -> int:
     from .http.replay import MAX_ANSWER  # startup
     from .http.accesslog import Counted, write_messages  # startup
     from .http.backend import handle  # startup
@@ -177,6 +184,8 @@ def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, c
     limits = Limits.from_env(env, started)
     body_in = Prefixed(prefix, PipeInput(0, limits)) if prefix else PipeInput(0, limits)
     resp = handle(Request(env, body_in, None, limits))
+    if resident:
+        resp.trace["resident"] = 1
     write_messages(sys.stderr, resp.log)
     head = ("".join(f"{k}: {v}\r\n" for k, v in resp.headers) + "\r\n").encode("utf-8", "surrogateescape")
     body = Counted(resp.body, sys.stderr, env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""),

@@ -390,6 +390,30 @@ def _cmd_install_cgi(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_resident(args: argparse.Namespace) -> int:
+    from . import resident  # startup
+    run_dir = aspen_settings.of(os.environ).run_dir
+    found = resident.running(run_dir)
+    if not args.all:
+        found = [r for r in found if r.ours]
+    if args.json and not args.stop:
+        print(json.dumps([r.as_dict() for r in found]))
+        return 0
+    if not found:
+        print(f"no resident {'of this user' if args.all else 'of this install'} in {run_dir}")
+        return 0
+    rc = 0
+    for r in found:
+        if args.stop:
+            went = resident.stop(r)
+            print(f"{r.socket}: pid {r.pid} {'stopped' if went else 'did not stop within 10 s'}")
+            rc |= 0 if went else 1
+        else:
+            state = f"pid {r.pid}, {len(r.workers)} worker(s)" if r.pid else "not running (a stale socket)"
+            print(f"{r.socket}: {state}{'' if r.ours else ' (another install)'}")
+    return rc
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     from .runtime import admission  # startup
     from .cache import evict, responses, stats  # startup
@@ -571,6 +595,20 @@ def build_parser() -> argparse.ArgumentParser:
     icgi.add_argument("--python", help="the interpreter it starts (default: python3 beside it)")
     icgi.add_argument("-q", "--quiet", action="store_true", help="print nothing when it succeeds")
     icgi.set_defaults(func=_cmd_install_cgi)
+
+    res = sub.add_parser("resident", help="show or stop the resident process aspen-cgi hands requests to",
+                         description="Under CGI, aspen-cgi hands each request no recorded answer serves to a "
+                                     "resident Aspen process of the same user, started on first need, which keeps "
+                                     "the pipeline imported and forks workers (ASPEN_CGI_RESIDENT, "
+                                     "ASPEN_CGI_RESIDENT_IDLE, ASPEN_CGI_RESIDENT_WORKERS). This shows it: its "
+                                     "socket in ASPEN_RUN_DIR (run this with the server's setting), pid and "
+                                     "workers; --stop ends it (workers finish their requests; the next request "
+                                     "is answered in-process and starts another).")
+    res.add_argument("--stop", action="store_true", help="stop it (SIGTERM) and wait for it to go")
+    res.add_argument("--all", action="store_true", help="every resident of this user in the run directory, "
+                                                        "other installs' too")
+    res.add_argument("--json", action="store_true", help="print them as JSON")
+    res.set_defaults(func=_cmd_resident)
 
     st = sub.add_parser("stats", help="response cache, admission and server metrics figures",
                         description="For each repository: requests answered through the response cache, the hit "

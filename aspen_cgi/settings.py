@@ -94,6 +94,14 @@ TABLE = (
      "the machine's admission and build slots, and the metrics when ASPEN_STATE_DIR is unset"),
     ("ASPEN_ACCESS_LOG", "access_log", SWITCH, True, "`1`", None,
      "one line per request on the server's error log (`aspen: repo=... status=... ms=...`)"),
+    ("ASPEN_CGI_RESIDENT", "cgi_resident", SWITCH, True, "`1`", None,
+     "aspen-cgi hands a request no recorded answer serves to a resident Aspen process of the same user "
+     "(started on first need, one per machine and install) instead of importing the pipeline itself"),
+    ("ASPEN_CGI_RESIDENT_IDLE", "cgi_resident_idle", SECONDS, 300.0, "`300`", None,
+     "a resident process with no request for this long exits"),
+    ("ASPEN_CGI_RESIDENT_WORKERS", "cgi_resident_workers", COUNT, 32, "`32`", None,
+     "requests the resident answers at once (a worker process each); past them, aspen-cgi answers "
+     "in-process"),
     ("ASPEN_METRICS", "metrics", SWITCH, False, "`0`", None,
      "count every response and serve `GET /_aspen/metrics` (Prometheus text format)"),
     ("ASPEN_REMOTE_USER_HEADER", "remote_user_header", HEADER, None, "unset", None,

@@ -7,7 +7,12 @@ noise hits each alike.
 Cases: `info/refs?service=git-upload-pack` and a v2 `ls-refs`, answered by
 aspen-cgi from its recorded answers (http/replay.py) and, with an environment
 of its own per run (never recorded), by its pipeline; a clone's fetch
-request answered from the response cache, replayed and through the pipeline.
+request answered from the response cache, replayed and through the pipeline,
+and planned from stored packs (the cache off). The pipeline runs in the
+resident process aspen-cgi hands such requests to (aspen_cgi/resident.py),
+as in the defaults; one case runs it in-process (ASPEN_CGI_RESIDENT=0), as
+before the resident. The "served by" column counts the runs the access line
+says were replayed or answered by the resident.
 
     python bench/cgi_startup.py [--runs 200] [--repo PATH] [--json]
 """
@@ -106,6 +111,9 @@ def main() -> int:
             "clone fetch: stock": ([STOCK], post, clone, False),
             "clone fetch: aspen-cgi cache, replayed": ([aspen_cgi], post, clone, False),
             "clone fetch: aspen-cgi cache, pipeline": ([aspen_cgi], post, clone, True),
+            "clone fetch: aspen-cgi stored packs, pipeline": ([aspen_cgi], {**post, "ASPEN_CACHE": "0"}, clone, True),
+            "info/refs: aspen-cgi pipeline, no resident": ([aspen_cgi], {**advert, "ASPEN_CGI_RESIDENT": "0"}, b"",
+                                                           True),
         }
         if args.no_clone:
             cases = {k: v for k, v in cases.items() if not k.startswith("clone")}
@@ -116,7 +124,8 @@ def main() -> int:
                 env = dict(env, ASPEN_BENCH_RUN=str(i))     # a key of its own: never replayed
             t0 = time.perf_counter()
             proc = subprocess.run(argv, env=env, input=body, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            return (time.perf_counter() - t0) * 1000, proc.stdout, b"replayed=1" in proc.stderr
+            how = "replayed" if b"replayed=1" in proc.stderr else "resident" if b"resident=1" in proc.stderr else ""
+            return (time.perf_counter() - t0) * 1000, proc.stdout, how
 
         for argv, env, body, fresh in cases.values():    # record, and bring the cache up: cold, then a hit
             for i in range(3):
@@ -124,14 +133,15 @@ def main() -> int:
             _age(repo)
         times: dict[str, list[float]] = {k: [] for k in cases}
         outputs: dict[str, int] = {}
-        replays: dict[str, int] = {k: 0 for k in cases}
+        served: dict[str, dict[str, int]] = {k: {} for k in cases}
         progress = Progress(args.runs * len(cases), "cgi start-up")
         for i in range(args.runs):
             for name, (argv, env, body, fresh) in cases.items():
-                ms, out, replayed = run(argv, env, body, fresh, i)
+                ms, out, how = run(argv, env, body, fresh, i)
                 times[name].append(ms)
                 outputs[name] = len(out)
-                replays[name] += replayed
+                if how:
+                    served[name][how] = served[name].get(how, 0) + 1
             progress(i * len(cases) + len(cases), args.runs * len(cases), "cgi start-up")
         progress.close()
         refs = len(subprocess.run(["git", "for-each-ref"], cwd=repo, capture_output=True, text=True).stdout.splitlines())
@@ -144,7 +154,7 @@ def main() -> int:
         "p90_ms": {k: statistics.quantiles(v, n=10)[-1] for k, v in times.items()},
         "max_ms": {k: max(v) for k, v in times.items()},
         "response_bytes": outputs,
-        "replayed_runs": replays,
+        "served_by": served,
     }
     if args.json:
         print(json.dumps(result))
@@ -152,14 +162,14 @@ def main() -> int:
     floor = med["python3 -I -S -c pass"]
     print(f"CGI requests, {args.runs} interleaved runs of each case, {refs} refs ({result['machine']['git']}, "
           f"Python {result['machine']['python']}, {result['machine']['cores']} cores)")
-    print("| case | median ms | p90 ms | max ms | over stock's median | over the Python floor (ms) | replayed | bytes |")
+    print("| case | median ms | p90 ms | max ms | over stock's median | over the Python floor (ms) | served by | bytes |")
     print("|---|---|---|---|---|---|---|---|")
     for k in cases:
         what = k.split(":")[0]
         stock = med.get(f"{what}: stock")
         ratio = f"{med[k] / stock:.2f}x" if stock and "aspen" in k else ""
         extra = f"{med[k] - floor:+.1f}" if "aspen" in k else ""
-        replayed = f"{replays[k]}/{args.runs}" if "aspen" in k else ""
+        replayed = ", ".join(f"{how} {n}/{args.runs}" for how, n in served[k].items())
         print(f"| {k} | {med[k]:.1f} | {result['p90_ms'][k]:.1f} | {result['max_ms'][k]:.1f} | {ratio} | {extra} "
               f"| {replayed} | {outputs[k]:,} |")
     return 0

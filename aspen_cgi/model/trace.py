@@ -23,6 +23,7 @@ FIELDS = {
     "replay_file": "the cache entry a recorded answer is sent from",
     "replay_effects": "what a replay of the answer does beside sending it",
     "replayed": "the CGI program sent a recorded answer",
+    "resident": "the CGI program handed the request to its resident process (aspen_cgi/resident.py)",
     # the planner
     "plan": "planned, fallback or refused",
     "why": "why git answers, or how a planned v0 round ended",

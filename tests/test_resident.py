@@ -1,0 +1,307 @@
+"""aspen-cgi's resident process (aspen_cgi/resident.py, handoff.py): a request
+no recorded answer serves goes to it; it answers with the bytes the CGI
+program answers in-process; it starts on first need, one per run directory;
+it goes when its run directory goes, when it idles, when its code changes,
+when it is killed; aspen-cgi then answers in-process. It serves only its
+own user, and a request's environment is the worker's whole environment.
+
+Each test has a run directory of its own (ASPEN_RUN_DIR under tmp_path), so
+its resident is its own and goes with the directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from aspen_cgi import handoff
+
+from . import harness as h
+from .cgiserver import cgi_server_factory  # noqa: F401
+
+
+def _env(root: Path, run: Path, **extra: str) -> dict:
+    return {"GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1", "ASPEN_RUN_DIR": str(run),
+            "ASPEN_ACCESS_LOG": "1", "REQUEST_METHOD": "GET", "PATH_INFO": "/r.git/info/refs",
+            "QUERY_STRING": "service=git-upload-pack", "REMOTE_ADDR": "127.0.0.1", **extra}
+
+
+def _pid(run: Path) -> int | None:
+    """The resident's pid from its lock file, while it serves its socket."""
+    socks = list(run.glob("resident-*.sock"))
+    if not socks:
+        return None
+    lock = socks[0].with_suffix(".lock")
+    try:
+        return int(lock.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait(cond, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _started(root: Path, run: Path, **extra: str) -> int:
+    """Send the first request (answered in-process, which starts the resident); its pid once it listens."""
+    first = h.aspen(_env(root, run, ASPEN_N="0", **extra))
+    assert first.status == 200 and b"resident=1" not in first.stderr
+    return _wait(lambda: _pid(run), "the resident to listen")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    h.make_history(root / "r.git", commits=4)
+    return root
+
+
+def test_a_pipeline_request_goes_to_the_resident_and_gets_the_in_process_bytes(repo, tmp_path):
+    run = tmp_path / "run"
+    _started(repo, run)
+    ls_refs = (b"0014command=ls-refs\n0014agent=git/2.39.5\n0001" + b"0009peel\n" + b"000csymrefs\n" + b"0000")
+    cases = [
+        ({}, b""),
+        ({"REQUEST_METHOD": "POST", "PATH_INFO": "/r.git/git-upload-pack", "QUERY_STRING": "",
+          "CONTENT_TYPE": "application/x-git-upload-pack-request", "HTTP_GIT_PROTOCOL": "version=2",
+          "CONTENT_LENGTH": str(len(ls_refs))}, ls_refs),
+        ({"PATH_INFO": "/r.git/HEAD", "QUERY_STRING": ""}, b""),
+        ({"PATH_INFO": "/nothing.git/info/refs"}, b""),
+    ]
+    for i, (extra, body) in enumerate(cases):
+        fresh = {**extra, "ASPEN_N": f"a{i}"}              # a key of its own: never a recorded answer
+        via = h.aspen(_env(repo, run, **fresh), body)
+        alone = h.aspen(_env(repo, run, ASPEN_CGI_RESIDENT="0", **fresh), body)
+        assert b"resident=1" in via.stderr, via.stderr
+        assert b"resident=1" not in alone.stderr
+        assert (via.status, via.raw_head, via.body) == (alone.status, alone.raw_head, alone.body)
+
+
+def test_git_clones_fetches_and_pushes_through_the_resident(repo, tmp_path, cgi_server_factory):
+    run = tmp_path / "run"
+    _started(repo, run)
+    server = cgi_server_factory(repo, program="aspen", ASPEN_RUN_DIR=str(run), ASPEN_ACCESS_LOG="1",
+                                GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.receivepack",
+                                GIT_CONFIG_VALUE_0="true")
+    clone = tmp_path / "clone"
+    h.git("clone", "-q", f"{server.url}/r.git", str(clone))
+    h.git("-C", str(clone), "commit", "-q", "--allow-empty", "-m", "through the resident")
+    h.git("-C", str(clone), "push", "-q", "origin", "HEAD")
+    other = tmp_path / "other"
+    h.git("clone", "-q", "--bare", f"{server.url}/r.git", str(other))
+    h.git("-C", str(other), "fetch", "-q", "--tags", f"{server.url}/r.git")
+    h.fsck_strict(str(other))
+    assert h.refs_of(str(other)) == h.refs_of(str(repo / "r.git"))
+    log = server.log_text()
+    assert "service=receive-pack" in log and log.count("resident=1") >= 4, log
+
+
+def test_the_request_environment_is_the_whole_environment(repo, tmp_path):
+    """The resident started from a request with GIT_HTTP_EXPORT_ALL; a later
+    request without it is refused as stock refuses it (no
+    git-daemon-export-ok), by the resident."""
+    run = tmp_path / "run"
+    _started(repo, run)
+    env = _env(repo, run, ASPEN_N="e")
+    del env["GIT_HTTP_EXPORT_ALL"]
+    via = h.aspen(env)
+    assert b"resident=1" in via.stderr
+    assert via.status == 404 == h.stock(env).status
+
+
+def test_killed_resident_means_in_process_then_a_new_one(repo, tmp_path):
+    run = tmp_path / "run"
+    pid = _started(repo, run)
+    sock = Path(handoff.socket_path(str(run)))
+    stale = sock.stat().st_ino
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: not _alive(pid), "the resident to die")
+    after = h.aspen(_env(repo, run, ASPEN_N="k1"))
+    assert after.status == 200 and b"resident=1" not in after.stderr
+    # a new resident renames its socket over the dead one's once it listens
+    _wait(lambda: sock.exists() and sock.stat().st_ino != stale, "a new resident")
+    new = _pid(run)
+    assert new != pid
+    assert _alive(new)
+    again = h.aspen(_env(repo, run, ASPEN_N="k2"))
+    assert b"resident=1" in again.stderr and again.body == after.body
+
+
+def test_a_worker_killed_mid_request_cuts_only_that_request(repo, tmp_path):
+    """A push whose writer kills itself at a fault point (as the crash tests
+    do): aspen-cgi ends without an answer, as the CGI program killed there
+    would; the ref did not move; the next request is answered."""
+    run = tmp_path / "run"
+    pid = _started(repo, run)
+    bare = repo / "r.git"
+    before = h.refs_of(str(bare))
+    clone = tmp_path / "c"
+    h.git("clone", "-q", str(bare), str(clone))
+    h.git("-C", str(clone), "commit", "-q", "--allow-empty", "-m", "doomed")
+    new = h.out("rev-parse", "HEAD", cwd=str(clone)).strip()
+    pack = subprocess.run(["git", "pack-objects", "--stdout", "--revs", "-q"], cwd=clone, check=True,
+                          input=f"{new}\n^{before['refs/heads/main']}\n".encode(), capture_output=True).stdout
+    cmd = f"{before['refs/heads/main']} {new} refs/heads/main\0report-status\n".encode()
+    body = f"{len(cmd) + 4:04x}".encode() + cmd + b"0000" + pack
+    env = _env(repo, run, REQUEST_METHOD="POST", PATH_INFO="/r.git/git-receive-pack", QUERY_STRING="",
+               CONTENT_TYPE="application/x-git-receive-pack-request", CONTENT_LENGTH=str(len(body)),
+               GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.receivepack", GIT_CONFIG_VALUE_0="true",
+               ASPEN_FAULT="after-intake", ASPEN_N="f")
+    proc = subprocess.run([h.ASPEN_CGI], env={**h.BASE_ENV, **env}, input=body, capture_output=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == b"", (proc.returncode, proc.stdout[:200], proc.stderr)
+    assert b"ended before finishing" in proc.stderr
+    assert h.refs_of(str(bare)) == before
+    assert _alive(pid)
+    assert b"resident=1" in h.aspen(_env(repo, run, ASPEN_N="f2")).stderr
+
+
+def test_changed_code_means_in_process_and_the_resident_goes(repo, tmp_path):
+    run = tmp_path / "run"
+    pid = _started(repo, run)
+    module = Path(handoff.__file__).with_name("resident.py")
+    st = module.stat()
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    try:
+        after = h.aspen(_env(repo, run, ASPEN_N="s"))
+    finally:
+        os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert after.status == 200 and b"resident=1" not in after.stderr
+    _wait(lambda: not _alive(pid), "the resident to stop")
+
+
+def test_the_resident_goes_with_its_run_directory(repo, tmp_path):
+    run = tmp_path / "run"
+    pid = _started(repo, run)
+    for p in run.iterdir():
+        p.unlink()
+    run.rmdir()
+    _wait(lambda: not _alive(pid), "the resident to stop", timeout=10)
+
+
+def test_the_resident_goes_when_idle(repo, tmp_path):
+    run = tmp_path / "run"
+    first = h.aspen(_env(repo, run, ASPEN_CGI_RESIDENT_IDLE="1"))
+    assert first.status == 200
+    pid = _wait(lambda: _pid(run), "the resident to listen")
+    _wait(lambda: not _alive(pid), "the resident to stop when idle", timeout=15)
+    assert not list(run.glob("resident-*.sock"))
+
+
+def test_no_resident_when_switched_off(repo, tmp_path):
+    run = tmp_path / "run"
+    for i in range(2):
+        assert b"resident=1" not in h.aspen(_env(repo, run, ASPEN_CGI_RESIDENT="0", ASPEN_N=str(i))).stderr
+    time.sleep(0.5)
+    assert not run.exists() or not list(run.glob("resident-*"))
+
+
+def test_all_workers_busy_means_in_process(repo, tmp_path, cgi_server_factory):
+    """With one worker, busy with a push whose pre-receive hook waits for a
+    file, another request is answered in-process, not queued."""
+    run = tmp_path / "run"
+    _started(repo, run, ASPEN_CGI_RESIDENT_WORKERS="1")     # the resident's size is its starter's setting
+    bare = repo / "r.git"
+    gate = tmp_path / "gate"
+    hook = bare / "hooks" / "pre-receive"
+    hook.write_text(f"#!/bin/sh\ncat >/dev/null\nwhile [ ! -e {gate} ]; do sleep 0.05; done\n")
+    hook.chmod(0o755)
+    clone = tmp_path / "c"
+    h.git("clone", "-q", str(bare), str(clone))
+    h.git("-C", str(clone), "commit", "-q", "--allow-empty", "-m", "held")
+    server = cgi_server_factory(repo, program="aspen", ASPEN_RUN_DIR=str(run), ASPEN_ACCESS_LOG="1",
+                                ASPEN_CGI_RESIDENT_WORKERS="1", GIT_CONFIG_COUNT="1",
+                                GIT_CONFIG_KEY_0="http.receivepack", GIT_CONFIG_VALUE_0="true")
+    push = subprocess.Popen(["git", "-C", str(clone), "push", "-q", f"{server.url}/r.git", "HEAD:refs/heads/held"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait(lambda: _hook_running(hook), "the push to reach its hook")
+        other = h.aspen(_env(repo, run, ASPEN_CGI_RESIDENT_WORKERS="1", ASPEN_N="busy"))
+        assert other.status == 200 and b"resident=1" not in other.stderr, other.stderr
+    finally:
+        gate.touch()
+        assert push.wait(timeout=60) == 0, push.stderr.read()
+    assert "service=receive-pack" in server.log_text() and "resident=1" in server.log_text()
+    assert h.refs_of(str(bare))["refs/heads/held"] == h.out("rev-parse", "HEAD", cwd=str(clone)).strip()
+
+
+def _hook_running(hook: Path) -> bool:
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if str(hook) in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace"):
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+@pytest.fixture
+def open_run():
+    """A run directory another user can reach (tmp_path's parents are 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="aspen-resident-test-", dir="/tmp"))
+    os.chmod(d, 0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_another_users_socket_is_not_used(repo, open_run):
+    """A socket at the resident's path that another user serves: aspen-cgi
+    says so on the error log and answers in-process (it never sends that
+    user a request)."""
+    run = open_run
+    path = handoff.socket_path(str(run))
+    script = (f"import os, socket\nos.setgid(65534); os.setuid(65534)\n"
+              f"s = socket.socket(socket.AF_UNIX); s.bind({path!r}); s.listen(4)\n"
+              f"open({str(run / 'ready')!r}, 'w').close()\n"
+              f"c, _ = s.accept(); data = c.recv(100)\n"
+              f"open({str(run / 'got')!r}, 'wb').write(data)\n")
+    fake = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        _wait(lambda: (run / "ready").exists(), "the other user's socket")
+        res = h.aspen(_env(repo, run, ASPEN_N="u"))
+        assert res.status == 200 and b"resident=1" not in res.stderr
+        assert b"is another user's; ignored" in res.stderr
+        time.sleep(0.2)
+        assert not (run / "got").exists() or (run / "got").read_bytes() == b""
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_the_resident_answers_no_other_user(repo, open_run):
+    """Another user reaching the resident's socket (its mode opened by hand)
+    gets the connection closed, nothing taken."""
+    run = open_run
+    pid = _started(repo, run)
+    path = handoff.socket_path(str(run))
+    os.chmod(path, 0o777)
+    script = (f"import os, socket\nos.setgid(65534); os.setuid(65534)\n"
+              f"s = socket.socket(socket.AF_UNIX); s.connect({path!r})\n"
+              f"s.settimeout(10)\n"
+              f"try:\n    s.sendall(b'1 0\\n' + b'x'); print(repr(s.recv(10)))\n"
+              f"except (ConnectionResetError, BrokenPipeError):\n    print('reset')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() in ("b''", "reset"), (out.stdout, out.stderr)     # closed, unread: either
+    assert _alive(pid) and b"resident=1" in h.aspen(_env(repo, run, ASPEN_N="o")).stderr
