@@ -26,7 +26,9 @@ it never subtracts what it used before start.
 What it cannot see:
 - processes that left the tree (daemonized, reparented to init, e.g. a
   detached `git gc --auto`) and children not yet reaped at stop whose parent
-  has exited;
+  has exited, unless a root names them (a callable root: aspen-cgi's
+  resident, which aspen-apache's target adds; its workers' CPU reaches it
+  through cutime when it reaps them);
 - the memory of processes that live less than one sampling interval, and
   RSS peaks between samples; the sum counts shared pages (libraries, page
   cache mappings) once per process, so it overstates real memory use.
@@ -101,9 +103,12 @@ def _all_stats() -> dict[int, _Stat]:
 def tree_stats(roots: Iterable[int]) -> dict[int, _Stat]:
     """The stats of ROOTS and all their live descendants.
 
+    A root may be a callable returning pids, asked each time (a server's
+    process that comes and goes beside its tree: aspen-cgi's resident).
+
     Uses /proc/PID/task/TID/children where the kernel has it (CONFIG_PROC_CHILDREN),
     else one pass over every /proc/PID/stat."""
-    stack = list(roots)
+    stack = [p for r in roots for p in (r() if callable(r) else (r,))]
     out: dict[int, _Stat] = {}
     if _HAVE_CHILDREN:
         while stack:

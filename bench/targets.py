@@ -450,10 +450,32 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
     url = proxy.url
     if name in APACHE_TARGETS:   # under the shipped config's path, pushes with the bench's password
         url = url.replace("://", f"://{APACHE_USER}:{APACHE_PASSWORD}@", 1) + APACHE_PATHS[name]
-    info = TargetInfo(name=name, url=url, root=repos, pids=[proc.pid],
+    pids: list = [proc.pid]
+    if name == "aspen-apache":
+        pids.append(ResidentPids(Path(repos).parent / "run"))    # aspen-cgi's resident leaves Apache's tree
+    info = TargetInfo(name=name, url=url, root=repos, pids=pids,
                       plan_log=log if name in ASPEN_TARGETS + ("aspen-apache", "aspen-modwsgi") else None,
                       version_packs=name in PACK_TARGETS)
     return Target(info, proxy, proc, log, scratch=scratch)
+
+
+class ResidentPids:
+    """The pids of the residents serving sockets in RUN (aspen_cgi/resident.py):
+    each writes its pid into `<socket>.lock`. A ProcTree root asked at each sample."""
+
+    def __init__(self, run: Path):
+        self.run = run
+
+    def __call__(self) -> list[int]:
+        out = []
+        for sock in self.run.glob("resident-*.sock"):
+            try:
+                pid = int(sock.with_suffix(".lock").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if os.path.exists(f"/proc/{pid}"):
+                out.append(pid)
+        return out
 
 
 def _reachable_by_others(path: Path) -> bool:

@@ -411,6 +411,23 @@ def test_procstats_counts_reaped_grandchildren():
     assert stats.peak_rss_bytes > 50 << 20
 
 
+def test_procstats_asks_a_callable_root_each_time():
+    """A root that is a callable (aspen-apache's resident finder) is asked at
+    each sample: a process that starts after start() is counted at stop()."""
+    found: list[int] = []
+    tree = ProcTree([lambda: list(found)]).start()
+    proc = subprocess.Popen([sys.executable, "-c", BUSY + "print('done', flush=True)\ntime.sleep(30)\n"],
+                            stdout=subprocess.PIPE)
+    try:
+        found.append(proc.pid)
+        assert proc.stdout.readline() == b"done\n"
+        stats = tree.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stats.cpu_s > 0.2
+
+
 def test_procstats_precise_counts_live_threads_in_ns():
     """precise=True: a busy thread of a live process is counted to the nanosecond,
     a reaped child through cutime, as without it."""
