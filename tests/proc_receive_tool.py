@@ -9,12 +9,14 @@ The --die-* options make it fail at each step, as test-tool's do.
                           | --die-read-push-options | --die-write-report] [-r LINE]...
 
 For what test-tool cannot do: --send ITEM (repeated) writes ITEMs in
-place of the report, --version-send ITEM in place of the version answer;
-an ITEM is `flush`, `delim`, `raw:BYTES` (written as they are) or a
-payload framed as one pkt-line, nothing added (Python escapes in both:
-`\\x00`, `\\n`). --run CMD (repeated) runs CMD with sh before the report
-(its output to stderr): a hook that updates refs as AGit servers do.
---exit N exits with status N at the end."""
+place of the report, --version-send ITEM in place of the version answer
+(the push-option section is then read if the answer claims push-options
+as receive-pack parses it, offered or not); an ITEM is `flush`, `delim`,
+`raw:BYTES` (written as they are) or a payload framed as one pkt-line,
+nothing added (Python escapes in both: `\\x00`, `\\n`). --run CMD
+(repeated) runs CMD with sh before the report (its output to stderr): a
+hook that updates refs as AGit servers do. --exit N exits with status N
+at the end."""
 
 from __future__ import annotations
 
@@ -62,16 +64,54 @@ def flush() -> None:
     os.write(1, b"0000")
 
 
+def item_bytes(item: str) -> bytes:
+    if item == "flush":
+        return b"0000"
+    if item == "delim":
+        return b"0001"
+    raw = item.startswith("raw:")
+    data = (item[4:] if raw else item).encode().decode("unicode_escape").encode("latin-1")
+    return data if raw else b"%04x" % (len(data) + 4) + data
+
+
 def send(items: list[str]) -> None:
     for item in items:
-        if item == "flush":
-            flush()
-        elif item == "delim":
-            os.write(1, b"0001")
-        else:
-            raw = item.startswith("raw:")
-            data = (item[4:] if raw else item).encode().decode("unicode_escape").encode("latin-1")
-            os.write(1, data) if raw else write_pkt(data)
+        os.write(1, item_bytes(item))
+
+
+def has_feature(features: bytes, name: bytes) -> bool:
+    """connect.c's parse_feature_request(): NAME as a word of the C string FEATURES, alone or NAME=VALUE."""
+    features = features.split(b"\0")[0]
+    at = features.find(name)
+    while at >= 0:
+        after = features[at + len(name):at + len(name) + 1]
+        if (at == 0 or features[at - 1:at].isspace()) and (after in (b"", b"=") or after.isspace()):
+            return True
+        at = features.find(name, at + 1)
+    return False
+
+
+def claims_push_options(answer: bytes) -> bool:
+    """Whether receive-pack, reading ANSWER as the version negotiation, sets
+    hook_use_push_options (builtin/receive-pack.c's run_proc_receive_hook):
+    a `version=` line of more than 8 bytes, newline chomped, up to the first
+    packet that is not a line, with push-options among the features after its NUL."""
+    claimed = False
+    while len(answer) >= 4:
+        try:
+            size = int(answer[:4], 16)
+        except ValueError:
+            break
+        if size < 4 or len(answer) < size:
+            break
+        line, answer = answer[4:size], answer[size:]
+        if line.endswith(b"\n"):
+            line = line[:-1]
+        if len(line) > 8 and line.startswith(b"version="):
+            head = line.split(b"\0")[0]
+            if len(head) < len(line) and has_feature(line[len(head) + 1:], b"push-options"):
+                claimed = True
+    return claimed
 
 
 def main(argv: list[str]) -> int:
@@ -109,16 +149,22 @@ def main(argv: list[str]) -> int:
         die("die with the --die-write-version option")
     if args.version_send is not None:
         send(args.version_send)
-        offered = use_push_options and any("push-options" in item for item in args.version_send)
-        return after_version(args, use_atomic, offered)
+        # receive-pack sends a push-option section (a flush at least) after the
+        # commands whenever the answer claims push-options, offered or not:
+        # read it, as a hook claiming them does, or exit while receive-pack may
+        # still be writing it (EPIPE there: "fail to write push-options")
+        claimed = claims_push_options(b"".join(item_bytes(item) for item in args.version_send))
+        return after_version(args, use_atomic, use_push_options, claimed)
     if args.version != 0:
         feature = "push-options" if use_push_options and not args.no_push_options else ""
         write_pkt(f"version={args.version}\0{feature}\n".encode())
     flush()
-    return after_version(args, use_atomic, use_push_options)
+    return after_version(args, use_atomic, use_push_options, use_push_options and not args.no_push_options)
 
 
-def after_version(args, use_atomic: bool, use_push_options: bool) -> int:
+def after_version(args, use_atomic: bool, use_push_options: bool, read_options: bool) -> int:
+    """USE_PUSH_OPTIONS: receive-pack offered them (what -v says);
+    READ_OPTIONS: the hook claimed them, so a push-option section follows the commands."""
     commands = []
     while True:
         pkt = read_pkt()
@@ -128,7 +174,7 @@ def after_version(args, use_atomic: bool, use_push_options: bool) -> int:
             die("die with the --die-read-commands option")
         commands.append(pkt.decode())
     options = []
-    if use_push_options and not args.no_push_options:
+    if read_options:
         if args.die_read_push_options:
             die("die with the --die-read-push-options option")
         while True:

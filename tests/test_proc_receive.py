@@ -936,6 +936,8 @@ RAW = {
     "version-not-a-number": (_tool("ok refs/for/main/topic", "flush", version=["version=abc", "flush"]), V2),
     "version-2x": (_tool("ok refs/for/main/topic", "flush", version=["version=2x\\n", "flush"]), V2),
     "version-empty": (_tool("ok refs/for/main/topic", "flush", version=["version=", "flush"]), V2),
+    # push-options claimed on a later line, unoffered, still count: a (flush-only) push-option
+    # section follows the commands, which the tool reads (else it may exit mid-write: EPIPE in stock)
     "version-push-options-late": (_tool("ok refs/for/main/topic", "flush",
                                         version=["version=1\\n", "version=1\\x00push-options\\n", "flush"]), V2),
     # every kind of bad line, each reported once, all in one error
