@@ -80,15 +80,20 @@ def _cert_line(cert) -> str:
 
 def _cmd_log(args: argparse.Namespace) -> int:
     store = _open(args.repo)
+    if args.export:
+        return _export_chain(store, args.export)
     out = sys.stdout
     try:
         for v in store.log(args.limit):
             if args.json:
+                link = store.chain([v.id]).get(v.id)
                 out.write(json.dumps({"id": v.id, "kind": v.kind, "who": v.who, "at": v.at, "push_id": v.push_id,
                                       "state": v.state,
                                       "updates": [{"ref": u.ref, "old": u.old, "new": u.new, "fast_forward": u.ff}
                                                   for u in v.updates],
-                                      "cert": _cert_json(v.cert)}) + "\n")
+                                      "cert": _cert_json(v.cert),
+                                      "chain": None if link is None else
+                                      {"hash": link[1], "prev": link[0], "start": bool(link[2])}}) + "\n")
                 continue
             who = v.who or "-"
             state = "" if v.state == "done" else f" [{v.state}]"
@@ -106,8 +111,40 @@ def _cmd_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_chain(store, path: str) -> int:
+    """Every chained version as one JSON line (version, prev, hash, start, text): what
+    docs/ref-store.md's auditor procedure checks without Aspen."""
+    out = sys.stdout if path == "-" else open(path, "w", encoding="utf-8")
+    n = 0
+    try:
+        for link in store.chain_links():
+            out.write(json.dumps({"version": link.version, "prev": link.prev, "hash": link.hash,
+                                  "start": link.start, "text": link.text}) + "\n")
+            n += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    if path != "-":
+        print(f"{path}: {n} chained versions", file=sys.stderr)
+    return 0
+
+
+def _cmd_verify_chain(args: argparse.Namespace, store) -> int:
+    rep = store.verify_chain()
+    if args.json:
+        print(json.dumps({"ok": rep.ok, **rep.__dict__}))
+    elif rep.ok:
+        span = f"versions {rep.first}..{rep.last} ({rep.links})" if rep.links else "no versions yet"
+        print(f"chain intact: {span}; it starts at version {rep.starts_at}")
+    else:
+        print(f"chain broken at version {rep.broken_at}: {rep.why}")
+    return 0 if rep.ok else 1
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     store = _open(args.repo)
+    if args.chain:
+        return _cmd_verify_chain(args, store)
     from .runtime.progress import Spinner  # startup
     with Spinner("verifying", enabled=not args.quiet) as spin:
         rep = store.verify(progress=spin.step)
@@ -514,19 +551,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     log = sub.add_parser("log", help="versions of a repository's refs, newest first",
                          description="List the ref store's versions newest first: id, kind (import, push, "
-                                     "external), who, when, and each ref update (old..new, ff when a fast-forward).")
+                                     "external), who, when, and each ref update (old..new, ff when a fast-forward); "
+                                     "with --json also each version's place in the hash chain.")
     log.add_argument("repo", help="path of the repository")
     log.add_argument("-n", "--limit", type=int, default=None, help="show at most N versions")
     log.add_argument("--json", action="store_true", help="one JSON object per version per line")
     log.add_argument("--all-updates", action="store_true", help="do not abbreviate versions with many updates")
+    log.add_argument("--export", metavar="FILE", help="write every chained version (hash, previous hash, canonical "
+                                                      "text) as JSON lines to FILE (- for stdout), for an auditor "
+                                                      "(docs/ref-store.md)")
     log.set_defaults(func=_cmd_log)
 
     verify = sub.add_parser("verify", help="check the ref store against the refs on disk and the objects",
                             description="Check the ref store's own consistency (SQLite integrity, versions replay "
                                         "to the current refs, nothing pending), that it equals the refs on disk, "
-                                        "and that every ref's objects are present and connected. Exit 0 only when "
-                                        "everything is consistent.")
+                                        "and that every ref's objects are present and connected, and the hash "
+                                        "chain over the versions. Exit 0 only when everything is consistent.")
     verify.add_argument("repo", help="path of the repository")
+    verify.add_argument("--chain", action="store_true", help="check only the hash chain over the versions, end to "
+                                                             "end, and name the first broken link")
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     verify.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     verify.set_defaults(func=_cmd_verify)

@@ -155,6 +155,24 @@ class VerifyReport:
         return not self.problems
 
 
+@dataclass
+class ChainReport:
+    """`aspen verify --chain`: the chained versions FIRST..LAST (LINKS of
+    them), where the chain starts (STARTS_AT: versions before it predate
+    it), and the first version at which it does not hold, with why."""
+    starts_at: int = 1
+    latest: int = 0
+    links: int = 0
+    first: Optional[int] = None
+    last: Optional[int] = None
+    broken_at: Optional[int] = None
+    why: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken_at is None
+
+
 @dataclass(frozen=True)
 class SegmentPack:
     """The stored pack of versions LO … HI: what their refs reach beyond the

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -144,7 +144,18 @@ def _m6(db) -> None:
                             if_not_exists=True)   # tests make "older" stores by dropping only their own table
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6]
+def _m7(db) -> None:
+    """The hash chain (model/chain.py): each done version's hash and the
+    previous one's. It starts at the first version after this migration
+    (version 1 of a new store); versions before it are not chained."""
+    db["chain"].create({"version": int, "prev": str, "hash": str, "start": int, "text": str}, pk="version",
+                       not_null={"prev", "hash", "start", "text"},
+                       if_not_exists=True)   # tests make "older" stores by setting user_version back
+    latest = db.conn.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0]
+    db.conn.execute("INSERT OR IGNORE INTO state(key, value) VALUES ('chain_from', ?)", (str(latest + 1),))
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7]
 
 
 def _migrate(conn: Conn) -> None:
@@ -518,6 +529,54 @@ def versions_desc(conn: Conn, limit: Optional[int], before: Optional[int] = None
         ups = tuple(Update(r, o, n, bool(f)) for r, o, n, f, _, _ in version_updates(conn, vid))
         out.append(Version(vid, kind, who, at, push_id, state, ups, push_cert(conn, vid) if kind == "push" else None))
     return out
+
+
+# -- the hash chain (model/chain.py) ------------------------------------------------------------
+
+def chain_tail(conn: Conn) -> Optional[tuple[int, str]]:
+    """(version, hash) of the newest chained version, or None."""
+    return conn.execute("SELECT version, hash FROM chain ORDER BY version DESC LIMIT 1").fetchone()
+
+
+def unchained_done(conn: Conn, after: int) -> list[tuple[int, str, Optional[str], float, Optional[str]]]:
+    """(id, kind, who, at, push_id) of the versions after AFTER, in order, up
+    to the first that is not done (a pending one is chained once done)."""
+    out = []
+    for vid, kind, who, at, push_id, state in conn.execute(
+            "SELECT id, kind, who, at, push_id, state FROM versions WHERE id > ? ORDER BY id", (after,)):
+        if state != "done":
+            break
+        out.append((vid, kind, who, at, push_id))
+    return out
+
+
+def insert_link(conn: Conn, version: int, prev: str, hash_: str, start: bool, text: str) -> None:
+    conn.execute("INSERT INTO chain(version, prev, hash, start, text) VALUES (?, ?, ?, ?, ?)",
+                 (version, prev, hash_, int(start), text))
+
+
+def chain_links(conn: Conn, after: int = 0, limit: Optional[int] = None) -> list[tuple[int, str, str, int, str]]:
+    """(version, prev, hash, start, text) of the chained versions after AFTER, oldest first."""
+    q = "SELECT version, prev, hash, start, text FROM chain WHERE version > ? ORDER BY version"
+    if limit is not None:
+        q += f" LIMIT {int(limit)}"
+    return list(conn.execute(q, (after,)))
+
+
+def chain_of(conn: Conn, versions: Sequence[int]) -> dict[int, tuple[str, str, int]]:
+    """version -> (prev, hash, start) for those of VERSIONS that are chained."""
+    return {v: (p, h, st) for v, p, h, st in
+            _rows_in(conn, "SELECT version, prev, hash, start FROM chain WHERE version IN (%s)", list(versions))}
+
+
+def version_row(conn: Conn, version: int) -> Optional[tuple[str, Optional[str], float, Optional[str]]]:
+    """(kind, who, at, push_id) of VERSION."""
+    return conn.execute("SELECT kind, who, at, push_id FROM versions WHERE id = ?", (version,)).fetchone()
+
+
+def push_cert_text(conn: Conn, version: int) -> Optional[bytes]:
+    row = conn.execute("SELECT cert FROM push_certs WHERE version = ?", (version,)).fetchone()
+    return None if row is None else bytes(row[0])
 
 
 def count_versions(conn: Conn) -> int:

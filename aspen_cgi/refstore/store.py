@@ -26,9 +26,9 @@ from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 from ..model import refs as refs_mod
 from .. import settings
 from ..runtime.statedir import state_dir
-from . import db, diskrefs, fingerprint, reflocks, segments, views
+from . import chaining, db, diskrefs, fingerprint, reflocks, segments, views
 from ..runtime.owners import fault, owner_alive, owner_id
-from ..model.versions import ZERO, is_null, AncestryAnswer, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
+from ..model.versions import ZERO, is_null, AncestryAnswer, ChainReport, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
 
@@ -193,6 +193,7 @@ class RefStore:
             db.put_refs(conn, rows, v)
             db.set_state(conn, "fingerprint", fp.digest if fp.trusted else None)
             db.set_state(conn, "compacted_through", "1")
+            chaining.seal(conn)
             self.imported = True
             return v
         return db.write(self.conn, tx)
@@ -448,7 +449,8 @@ class RefStore:
     # -- compaction ------------------------------------------------------------------------------
 
     def _compact(self, conn: db.Conn) -> int:
-        """Build every segment node that the versions so far complete."""
+        """Chain the versions now done, and build every segment node that the versions so far complete."""
+        chaining.seal(conn)
         through = int(db.get_state(conn, "compacted_through") or "0")
         latest = db.latest_version(conn)
         built = 0
@@ -678,6 +680,20 @@ class RefStore:
             before = batch[-1].id
 
     # -- verification -----------------------------------------------------------------------------
+
+    def verify_chain(self) -> ChainReport:
+        """The hash chain end to end (refstore/chaining.py)."""
+        return chaining.check(self.conn)
+
+    def chain(self, versions: Sequence[int]) -> dict[int, tuple[str, str, int]]:
+        """version -> (prev, hash, start) of those of VERSIONS that are chained."""
+        with db.reading(self.conn) as conn:
+            return db.chain_of(conn, versions)
+
+    def chain_links(self) -> Iterator:
+        """Every link of the chain, oldest first (model/chain.Link)."""
+        with db.reading(self.conn) as conn:
+            yield from chaining.links(conn)
 
     def verify(self, progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
         """The store against itself, the refs on disk and the objects."""

@@ -1,6 +1,6 @@
 """`aspen verify`: the ref store against itself (SQLite integrity, versions
 replaying to the current refs, nothing pending, no stale lock, segment packs
-on runs of versions that exist and nest), against the refs on disk as git
+on runs of versions that exist and nest, the hash chain), against the refs on disk as git
 reads them, and against the objects (every ref's closure present)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Optional
 
 from ..git import gitexec
-from . import db, diskrefs, views
+from . import chaining, db, diskrefs, views
 from ..model.versions import VerifyReport
 from ..runtime.owners import owner_alive
 
@@ -33,6 +33,9 @@ def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
         rep.problems.append(f"version {vid} is pending (writer {owner}, "
                             f"{'alive' if owner_alive(owner) else 'gone'})")
     rep.problems += _segment_problems(runs, latest)
+    chained = chaining.check(store_conn)
+    if not chained.ok:
+        rep.problems.append(f"hash chain broken at version {chained.broken_at}: {chained.why}")
     stored = {r.name: r for r in rows}
     direct = {n: r.oid for n, r in stored.items() if r.symref is None}
     if replay != direct:
