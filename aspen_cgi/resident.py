@@ -105,7 +105,7 @@ def _lock(path: str):
 
 
 def _listen(path: str) -> tuple[socket.socket, int]:
-    tmp = f"{path}.{os.getpid()}"
+    tmp = os.path.join(os.path.dirname(path), f".r{os.getpid()}")     # shorter than PATH: sun_path holds 107 bytes
     if os.path.lexists(tmp):
         os.unlink(tmp)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -464,6 +464,16 @@ def stop(r: Running, timeout: float = 10.0) -> bool:
     return False
 
 
+def _failed(path: str) -> None:
+    """Why the resident stopped on an error, beside its socket (it has no
+    terminal and no log of Apache's): `<socket>.error`."""
+    try:
+        with open(path[:-5] + ".error", "w") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} pid {os.getpid()}\n{traceback.format_exc()}")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="aspen-resident", description=__doc__.split("\n\n")[1])
     ap.add_argument("--socket", required=True, help="the Unix socket to serve (handoff.socket_path)")
@@ -471,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=32, help="requests answered at once; past it, aspen-cgi "
                                                             "answers in-process")
     args = ap.parse_args(argv)
-    return serve(args.socket, args.idle, args.workers)
+    try:
+        return serve(args.socket, args.idle, args.workers)
+    except Exception:
+        _failed(args.socket)
+        return 1
 
 
 if __name__ == "__main__":

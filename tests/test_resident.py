@@ -177,18 +177,54 @@ def test_a_worker_killed_mid_request_cuts_only_that_request(repo, tmp_path):
     assert b"resident=1" in h.aspen(_env(repo, run, ASPEN_N="f2")).stderr
 
 
+def _private_install(tmp_path: Path) -> str:
+    """aspen-cgi over a copy of the package (a venv of its own whose path file
+    names the copy, then the real site-packages for the dependencies): its
+    resident is its own (handoff.key), so changing the copy touches no other."""
+    import aspen_cgi
+    real = Path(aspen_cgi.__file__).parent
+    pkg = tmp_path / "pkg"
+    shutil.copytree(real, pkg / "aspen_cgi", ignore=shutil.ignore_patterns("__pycache__"))
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    packages = tmp_path / "venv" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    packages.mkdir(parents=True)
+    site = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    (packages / "aspen-copy.pth").write_text(f"{pkg}\n{site}\n")
+    os.symlink(Path(sys.executable).parent / "python3", bindir / "python3")
+    script = bindir / "aspen-cgi"
+    shutil.copy(real.parent / "bin" / "aspen-cgi", script)
+    os.chmod(script, 0o755)
+    return str(script)
+
+
 def test_changed_code_means_in_process_and_the_resident_goes(repo, tmp_path):
     run = tmp_path / "run"
-    pid = _started(repo, run)
-    module = Path(handoff.__file__).with_name("resident.py")
+    program = _private_install(tmp_path)
+    first = h.run_cgi(program, _env(repo, run, ASPEN_N="0"))
+    assert first.status == 200 and b"resident=1" not in first.stderr
+    pid = _wait(lambda: _pid(run), "the resident to listen")
+    assert b"resident=1" in h.run_cgi(program, _env(repo, run, ASPEN_N="1")).stderr
+    module = tmp_path / "pkg" / "aspen_cgi" / "resident.py"
     st = module.stat()
-    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    try:
-        after = h.aspen(_env(repo, run, ASPEN_N="s"))
-    finally:
-        os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))     # an upgrade
+    after = h.run_cgi(program, _env(repo, run, ASPEN_N="s"))
     assert after.status == 200 and b"resident=1" not in after.stderr
     _wait(lambda: not _alive(pid), "the resident to stop")
+
+
+def test_a_socket_path_of_sun_paths_whole_size_works(repo):
+    """A run directory whose socket path is 107 bytes, sun_path's most: the
+    resident binds it (through a shorter temporary name) and answers."""
+    base = tempfile.mkdtemp(prefix="aspen-resident-long-", dir="/tmp")
+    try:
+        name = f"resident-{os.getuid()}-{'0' * 16}.sock"
+        run = Path(base) / ("r" * (107 - len(base) - 2 - len(name)))
+        assert len(str(run / name).encode()) == 107
+        _started(repo, run)
+        assert b"resident=1" in h.aspen(_env(repo, run, ASPEN_N="long")).stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_the_resident_goes_with_its_run_directory(repo, tmp_path):
