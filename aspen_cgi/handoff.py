@@ -4,8 +4,8 @@ themselves (SCM_RIGHTS), so that the resident's worker reads and answers the
 client exactly as this process would have, with none of the pipeline's
 imports paid here.
 
-Imports posix, sys and _socket only: it runs on every request a recorded
-answer does not serve, before anything else is loaded.
+Imports posix, sys, time and _socket only: it runs on every request a
+recorded answer does not serve, before anything else is loaded.
 
 The exchange, one connection per request:
   aspen-cgi -> resident  b"<meta length> <prefix length>\\n", the meta, the prefix
@@ -105,7 +105,7 @@ def hand_off(run_dir: str, idle: float, workers: int, kind, prefix: bytes, start
         _spawn(path, idle, workers)
         return None
     try:
-        fields = [repr(started).encode(), str(started_ns).encode(), (kind or "").encode(), posix.getcwd().encode()]
+        fields = [repr(started).encode(), str(started_ns).encode(), (kind or "").encode(), posix.getcwdb()]
         fields += [k + b"=" + v for k, v in posix.environ.items()]
         meta = b"\0".join([VERSION] + fields)
         data = f"{len(meta)} {len(prefix)}\n".encode() + meta + prefix
