@@ -158,7 +158,9 @@ def main() -> int:
         from .http.replay import Flight, is_listing  # startup
         if is_listing(kind, prefix):
             flight = Flight.begin(env, prefix)
-            if flight is not None and not flight.leader and _replayed(env, prefix, started, config):
+            # a leader too looks again: one that finished between our first look and our lock recorded it
+            if flight is not None and _replayed(env, prefix, started, config):
+                flight.end()
                 return 0
     try:
         if config.cgi_resident:
