@@ -535,7 +535,11 @@ def _print_metrics(where: str, values: dict) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aspen", description="Aspen: a drop-in replacement for git http-backend.")
+    parser = argparse.ArgumentParser(
+        prog="aspen", description="Aspen: a drop-in replacement for git http-backend.",
+        epilog="A repository's past, for any git client: git clone http://HOST/REPO.git@V (a version from "
+               "`aspen log`) or REPO.git@2026-11-30T12:00Z; over protocol v2 also --server-option=aspen-version=V "
+               "or aspen-at=T. Read-only; see docs/time-travel.md.")
     parser.add_argument("--version", action="version", version=f"aspen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     dev = sub.add_parser("dev", help="serve every repository under DIR on localhost (embedded defaults)",

@@ -59,6 +59,8 @@ class ServiceContext:
     # what runs after a push landed, each called as f(gitdir, env, in_process); set by http/backend.py
     after_push: tuple = ()
     service_config: object = None     # the service's configuration, parsed once (fetch/uploadconfig.py)
+    pin: object = None                # a time-travel pin from the URL (model/pin.Pin), resolved by the service
+    pinned: Optional[int] = None      # the version this request reads the repository at (None: the latest)
     _store: object = field(default=None, repr=False)
     _store_opened: bool = field(default=False, repr=False)
 
@@ -85,7 +87,19 @@ class ServiceContext:
 
     def snapshot(self, namespace: Optional[str] = None) -> "RefSnapshot":
         from .refstore import snapshots as refview         # startup
+        if self.pinned is not None:
+            return self.refstore().snapshot_at(self.pinned, namespace)
         return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
+
+    def pin_to(self, pin) -> None:
+        """Read the repository as PIN (model/pin.Pin) names it from now on;
+        PinError when it names no version, or there is no ref store."""
+        from .model.pin import PinError        # startup
+        store = self.refstore()
+        if store is None:
+            raise PinError("this repository has no ref store: no earlier version can be read")
+        self.pinned = store.resolve_pin(pin)
+        self.trace["pin"] = self.pinned
 
 
 def protocol_version(value: Optional[str]) -> int:

@@ -244,3 +244,30 @@ class StoreHistory:
 
     def clone_view(self) -> Optional[CloneView]:
         return self.store.clone_view()
+
+
+class PinnedHistory(StoreHistory):
+    """The history as of version VERSION (a time-travel fetch, model/pin.py):
+    answers name versions up to it only, and a full clone is the one of its
+    refs. Its answers are its own: the process-wide settled tables hold the
+    latest history's, which these are not."""
+
+    def __init__(self, store: RefStore, version: int):
+        super().__init__(store)
+        self.version = version
+
+    def settled(self) -> _Settled:
+        if self._settled is None:
+            self._identity, through = self.store.settled()
+            self._through = min(through, self.version)
+            self._settled = _Settled()
+            self._settled.through = self._through
+        return self._settled
+
+    def ready(self) -> bool:
+        """Every version up to the pinned one is done and has its pack."""
+        self.settled()
+        return self._through >= self.version
+
+    def clone_view(self) -> Optional[CloneView]:
+        return self.store.clone_view_at(self.version)

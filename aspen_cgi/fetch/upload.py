@@ -136,11 +136,46 @@ _memo = Memo()
 def _replayable(ctx) -> bool:
     """Whether http/replay.py may record this answer: the same request, refs and
     files give the same bytes (not with included configuration files, whose
-    names and times are not among the inputs it watches)."""
-    return not ctx.config.includes
+    names and times are not among the inputs it watches; not a time-travel
+    view, which is read from the store's history, not the refs it watches)."""
+    return not ctx.config.includes and ctx.pin is None and ctx.pinned is None
+
+
+def _resolve_pin(ctx, server_options=()) -> Optional[bytes]:
+    """A time-travel request (model/pin.py): the version its URL or, over
+    protocol v2, its server options (`aspen-version=V`, `aspen-at=T`; they
+    win over the URL's) name, set on CTX; an ERR pkt-line for the client
+    when it names none."""
+    from ..model import pin as pins  # startup
+    try:
+        pin = pins.from_server_options(server_options) or ctx.pin
+        if pin is not None:
+            ctx.pin = pin
+            ctx.pin_to(pin)
+    except pins.PinError as e:
+        ctx.trace.update(plan="refused", why="pin")
+        ctx.log.append(f"aspen: time travel refused: {e}\n")
+        return pktline.encode(f"ERR aspen: {e}")
+    return None
+
+
+def _pinned_refused(ctx, req: FetchRequest) -> Optional[str]:
+    """A time-travel fetch may want only what its view advertises (the visible
+    refs' values and peeled tags at its version, HEAD), unless
+    allowAnySHA1InWant: its git fallback is told to take any object."""
+    if _config(ctx).allow & ALLOW_ANY:
+        return None
+    snap, hidden = _snapshot(ctx), _hidden(ctx)
+    ours = {x for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name) for x in (r.oid, r.peeled) if x}
+    if snap.head is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
+        ours.add(snap.head.oid)
+    return next((w for w in req.wants if w not in ours), None)
 
 
 def advertise(ctx) -> Iterator[bytes]:
+    err = _resolve_pin(ctx)
+    if err is not None:
+        return iter([err])
     caps = _caps(ctx)
     ctx.trace["replayable"] = _replayable(ctx) and caps.session_id is None
     if ctx.protocol_version == 2:
@@ -153,6 +188,9 @@ def advertise(ctx) -> Iterator[bytes]:
 
 def ls_refs(ctx, req: LsRefsRequest) -> Iterator[bytes]:
     """The ls-refs answer as one block (one write, not one per ref)."""
+    err = _resolve_pin(ctx, req.server_options)
+    if err is not None:
+        return iter([err])
     snap = _snapshot(ctx)
     ctx.trace["replayable"] = _replayable(ctx)
     key = ("ls-refs", req.peel, req.symrefs, req.unborn, tuple(req.prefixes), _caps(ctx).unborn,
@@ -192,7 +230,7 @@ def _ls_refs_lines(ctx, req: LsRefsRequest, snap: RefSnapshot) -> Iterator[bytes
     yield pktline.FLUSH
 
 
-def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Iterable[bytes]:
+def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None, any_want: bool = False) -> Iterable[bytes]:
     """The fallback responder: git's upload-pack, stateless, with the request
     as it came, once admission control gives it a slot (503 past the queue).
     Always git's plain upload-pack, depth-1 clones too: their wider pack
@@ -215,6 +253,8 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None) -> Ite
         # bytes every time from one thread, 12,586 or 17,132 from two. A fetch with
         # haves is small; one thread answers it as stock usually does, every time.
         args = ["-c", "pack.threads=1", *args]
+    if any_want:
+        args = ["-c", "uploadpack.allowAnySHA1InWant=true", *args]
     try:
         stream = gitexec.git_stream(args, cwd=ctx.gitdir, env=ctx.env, input=data)
     except BaseException:
@@ -257,6 +297,8 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     from . import packobjectshook as packhook  # startup
     from ..cache import responses  # startup
     depth1 = packhook.wants_wide_pack(req, ctx.settings)
+    if ctx.pinned is not None:
+        return compute(ctx, req, data)      # a view of the past: no cache entries, no depth-1 builds for it
     sdir = state_dir(ctx.gitdir, ctx.settings)
     if depth1:
         ctx.trace["depth1"] = "stock"
@@ -343,8 +385,29 @@ def compute(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     """A planned answer from stored packs when the planner proves one, else git's."""
     planned = _planned(ctx, req)
     if isinstance(planned, GitAnswers):
+        if ctx.pinned is not None:
+            return _git_pinned(ctx, req, data)
         return git_upload_pack(ctx, data, req)
     return planned
+
+
+def _git_pinned(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
+    """git answers a time-travel fetch the planner did not: the objects its
+    wants reach are put back from the version packs first where gc pruned
+    them (packs/reinject.py), and git takes wants no current ref reaches
+    (Aspen checked them against the view: _pinned_refused)."""
+    from ..packs import reinject  # startup
+    store = ctx.refstore()
+    try:
+        back = reinject.ensure(store, ctx.gitdir, ctx.env, req.wants, ctx.pinned)
+    except reinject.ReinjectError as e:
+        ctx.log.append(f"aspen: time travel: {e}\n")
+        ctx.trace.update(plan="refused", why="objects-gone")
+        return iter([pktline.encode(f"ERR aspen: version {ctx.pinned}'s objects are no longer in the repository"
+                                    f" and no stored pack holds them ({e})")])
+    if back:
+        ctx.trace["reinjected"] = ",".join(map(str, back))
+    return git_upload_pack(ctx, data, req, any_want=True)
 
 
 @dataclass(frozen=True)
@@ -366,13 +429,14 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
     store = ctx.refstore() if why is None else None
     if why is None:
         # before any work over the refs: the common case without version packs
-        why = "no-store" if store is None else None if background.await_built(ctx.gitdir, store, ctx.env) \
-            else "not-built"
+        why = "no-store" if store is None else None if _built(ctx, store) else "not-built"
     if why is not None:
         return _fallback(ctx, why)
     from ..planner.plan import Fallback  # startup
-    from .history import StoreHistory  # startup
-    history = StoreHistory(store)
+    from .history import PinnedHistory, StoreHistory  # startup
+    history = StoreHistory(store) if ctx.pinned is None else PinnedHistory(store, ctx.pinned)
+    if ctx.pinned is not None and not history.ready():
+        return _fallback(ctx, "not-built")
     # haves that are no version's ref value must be commits a version introduced (ancestors
     # a client walks back through) to be known common, as stock acknowledges them
     unknown = [h for h, t in history.tips_many(req.haves).items() if not t.tips]
@@ -401,6 +465,15 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
         return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"),
                                      ready=not req.done)
     return _v0_response(ctx, req, splice, result)
+
+
+def _built(ctx, store) -> bool:
+    """Every version has its pack (waiting a little for a running build);
+    for a time-travel fetch, every version up to its own."""
+    if ctx.pinned is not None and store.settled()[1] >= ctx.pinned:
+        return True
+    return background.await_built(ctx.gitdir, store, ctx.env) or \
+        ctx.pinned is not None and store.settled()[1] >= ctx.pinned
 
 
 def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
@@ -588,15 +661,21 @@ def serve(ctx, data: bytes) -> Iterable[bytes]:
             return ls_refs(ctx, req)
         if isinstance(req, OtherCommand):
             return git_upload_pack(ctx, data)
+        err = _resolve_pin(ctx, req.server_options)
+        if err is not None:
+            return iter([err])
         _check_allowed(ctx, req)
-        refused = refused_want(ctx, req)
+        refused = refused_want(ctx, req) if ctx.pinned is None else _pinned_refused(ctx, req)
         if refused is not None:
             return _not_our_ref(ctx, refused)
         return respond(ctx, req, data)
     req = parse_v0(data)
     if not req.wants:
         return iter(())
-    refused = refused_want(ctx, req)
+    err = _resolve_pin(ctx)
+    if err is not None:
+        return iter([err])
+    refused = refused_want(ctx, req) if ctx.pinned is None else _pinned_refused(ctx, req)
     if refused is not None:
         return _not_our_ref(ctx, refused)
     return respond(ctx, req, data)

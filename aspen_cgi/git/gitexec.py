@@ -55,10 +55,17 @@ def child_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> GitEnv:
 
 
 def git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
-        input: Optional[bytes] = None, timeout: Optional[float] = None) -> Result:
-    """Run `git ARGS` to completion and capture its output."""
-    proc = subprocess.run([GIT, *args], cwd=cwd, env=env, input=input,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        input: Optional[bytes] = None, timeout: Optional[float] = None,
+        stdin_path: Optional[str] = None) -> Result:
+    """Run `git ARGS` to completion and capture its output; stdin is INPUT,
+    or the file at STDIN_PATH (a stored pack, too large to hold in memory)."""
+    if stdin_path is not None:
+        with open(stdin_path, "rb") as f:
+            proc = subprocess.run([GIT, *args], cwd=cwd, env=env, stdin=f,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    else:
+        proc = subprocess.run([GIT, *args], cwd=cwd, env=env, input=input,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -18,6 +18,7 @@ from . import dumb, paths, routes
 from . import headers as H
 from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
 from .limits import Limits
+from ..model.pin import Pin, split_url
 from ..model.trace import Trace
 from .message import HttpError, Request, Response
 from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env, service_enabled
@@ -126,6 +127,7 @@ class _Call:
     arg: str                # the matched text without its leading '/'
     route: routes.Route
     max_buffer: int
+    pin: Optional[Pin] = None   # `repo.git@V/…`: a read-only view of version V (model/pin.py)
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -133,7 +135,7 @@ class _Call:
 
     def context(self, protocol: Optional[int] = None) -> ServiceContext:
         return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, protocol), [],
-                              settings.of(self.env))
+                              settings.of(self.env), pin=self.pin)
 
     def snapshot(self) -> refs_mod.RefSnapshot:
         return self.context(0).snapshot(self.namespace)
@@ -148,10 +150,14 @@ def _info_refs(c: _Call) -> Response:
     params = parameters(c.env.get("QUERY_STRING", ""))
     prefix = H.nocache()
     if "service" not in params:
+        if c.pin is not None:
+            raise HttpError(404, "Not Found", "A time-travel view is served over smart HTTP only")
         _getanyfile(c.config, prefix)
         return dumb.strbuf(prefix, "text/plain", dumb.info_refs_body(c.snapshot()))
     _note_service(c.seen, params["service"])
     svc = select_service(params["service"], c.config, c.env, prefix)
+    if svc == "receive-pack" and c.pin is not None:
+        return _read_only(c, prefix)
     resp = _advertise(svc, c.context(), prefix)
     resp.trace["service"] = svc
     return resp
@@ -175,6 +181,8 @@ def _file(c: _Call) -> Response:
 def _service(c: _Call) -> Response:
     _note_service(c.seen, c.arg)
     svc = select_service(c.arg, c.config, c.env, [])
+    if svc == "receive-pack" and c.pin is not None:
+        raise _forbidden(f"{c.repo.path}@{c.pin} is a read-only view", [])
     want = f"application/x-git-{svc}-request"
     got = c.env.get("CONTENT_TYPE", "")
     if got != want:
@@ -185,6 +193,17 @@ def _service(c: _Call) -> Response:
     resp = _rpc(svc, ctx, c.req, c.max_buffer)
     resp.trace["service"] = svc
     return resp
+
+
+def _read_only(c: _Call, prefix) -> Response:
+    """A push to a time-travel view: refused in the advertisement, as git
+    shows it (`fatal: remote error: …`)."""
+    msg = (f"ERR aspen: {c.repo.path}@{c.pin} is a read-only view of the repository's past;"
+           f" push to {c.repo.path} instead")
+    body = pktline.encode("# service=git-receive-pack\n") + pktline.FLUSH + pktline.encode(msg)
+    hdrs = prefix + [("Content-Type", "application/x-git-receive-pack-advertisement")]
+    return Response(200, "OK", hdrs, [body], [f"aspen: push to a time-travel view refused ({c.repo.path}@{c.pin})\n"],
+                    Trace(service="receive-pack", plan="refused", why="pin-read-only"))
 
 
 # Stock's services[] table: each route of http/routes.py names its handler here.
@@ -216,9 +235,15 @@ def _handle(req: Request, seen: dict) -> Response:
         if env.get("SERVER_PROTOCOL") == "HTTP/1.1":
             raise HttpError(405, "Method Not Allowed", extra=[("Allow", routes.ALLOW[m.route.method])])
         raise HttpError(400, "Bad Request")
-    repo = paths.enter_repo(m.repo_dir)
+    repo, pin = paths.enter_repo(m.repo_dir), None
+    if repo is None and "@" in m.repo_dir:
+        split = split_url(m.repo_dir)
+        if split is not None:
+            repo, pin = paths.enter_repo(split[0]), split[1]
     if repo is None:
         raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")
+    if pin is not None and m.route.handler not in ("info_refs", "service"):
+        raise HttpError(404, "Not Found", f"A time-travel view is served over smart HTTP only: '{m.repo_dir}'")
     seen["repo"] = repo.path
     paths.check_ownership(repo, env)
     if "GIT_HTTP_EXPORT_ALL" not in env and not os.access(os.path.join(repo.gitdir, "git-daemon-export-ok"), os.F_OK):
@@ -226,7 +251,7 @@ def _handle(req: Request, seen: dict) -> Response:
     cenv = child_env(env, repo.gitdir, with_exec_path=method == "POST")
     config = RepoConfig.load(repo.gitdir, cenv)
     max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
-    call = _Call(req, seen, repo, config, cenv, env.get("GIT_NAMESPACE") or None, m.arg, m.route, max_buffer)
+    call = _Call(req, seen, repo, config, cenv, env.get("GIT_NAMESPACE") or None, m.arg, m.route, max_buffer, pin)
     resp = HANDLERS[m.route.handler](call)
     resp.trace.update({"repo": repo.path, "gitdir": repo.gitdir})
     return resp

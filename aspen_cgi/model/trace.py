@@ -13,6 +13,8 @@ FIELDS = {
     "service": "upload-pack, receive-pack or metrics",
     "protocol": "the protocol version of an upload-pack request",
     "version": "the ref-store version the request read (`-`: no store)",
+    "pin": "the version a time-travel request reads the repository at (model/pin.py)",
+    "reinjected": "versions whose packs a time-travel fetch put back into the repository (packs/reinject.py)",
     "ended": "why the response ended before its end: client-gone, idle-timeout, request-timeout",
     "metrics_dir": "where the response is counted (ASPEN_METRICS=1)",
     # the response cache and depth-1 clones

@@ -16,6 +16,8 @@ import shutil
 import time
 from typing import Callable, Optional
 
+from ..git.gitexec import child_env
+from ..git.reader import object_info
 from ..model.versions import is_null
 from ..refstore.store import SENT_PREFIX, RefStore
 from . import segmentpack as sp
@@ -62,7 +64,13 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
         b = vp.boundary_listed(listing, tips, peeled, before)
         if b is None:
             listing = None
-            b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
+            try:
+                b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
+            except vp.BuildError:
+                # `git gc` pruned a value the refs had before (a deleted or rewound branch): what
+                # only it reached is gone, so this version's pack is made against the values left
+                before = _present(store, before)
+                b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
         built, how = None, search
         if tips and sent is not None:
             objects = objects or vp.RepoObjects(store.gitdir, store.env)
@@ -92,13 +100,23 @@ def segments_to_build(store: RefStore) -> list[tuple[int, int]]:
     return [run for run in sp.schedule(through) if run not in have]
 
 
+def _present(store: RefStore, values) -> set[str]:
+    """Those of VALUES the repository still holds."""
+    info = object_info(store.gitdir, child_env(store.env, GIT_DIR="."), sorted(set(values)))
+    return {v for v in values if info.get(v, ("missing", None))[0] != "missing"}
+
+
 def build_segment(store: RefStore, lo: int, hi: int, search: Optional[DeltaSearch] = None,
                   guard=None) -> Optional[BuiltPack]:
     """Build and record the segment pack of versions LO … HI (all done); the
     BuiltPack or None when empty. GUARD as for build_packs."""
     search = search or DeltaSearch()
     after, before = store.run_values(lo, hi)
-    built = sp.build(store.gitdir, store.env, after, before, store.packs_dir, search, guard) if after else None
+    try:
+        built = sp.build(store.gitdir, store.env, after, before, store.packs_dir, search, guard) if after else None
+    except vp.BuildError:
+        before = sorted(_present(store, before))      # as in build_packs: values gc pruned since
+        built = sp.build(store.gitdir, store.env, after, before, store.packs_dir, search, guard) if after else None
     if built is not None and not built.objects:
         built = None            # its file goes with the next sweep unless a version pack shares it
     store.record_segment_pack(lo, hi, built, search)

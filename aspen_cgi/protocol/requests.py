@@ -63,6 +63,7 @@ class LsRefsRequest:
     unborn: bool = False
     prefixes: list[str] = field(default_factory=list)
     agent: Optional[str] = None
+    server_options: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -224,7 +225,7 @@ def parse_v2(data: bytes) -> V2Request:
     agent = next((c[6:] for c in caps if c.startswith("agent=")), None)
     options = [c[len("server-option="):] for c in caps if c.startswith("server-option=")]
     if command == "ls-refs":
-        ls = LsRefsRequest(agent=agent)
+        ls = LsRefsRequest(agent=agent, server_options=options)
         for arg in args:
             if arg == "peel":
                 ls.peel = True

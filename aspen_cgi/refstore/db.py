@@ -704,6 +704,45 @@ def refs_before(conn: Conn, version: int) -> dict[str, str]:
     return out
 
 
+def refs_at(conn: Conn, version: int) -> list[StoredRef]:
+    """Every direct ref as the done versions up to VERSION left it, with its
+    type and peeled value (a time-travel view), by name."""
+    out: dict[str, StoredRef] = {}
+    rows = conn.execute("SELECT u.ref, u.new, u.type, u.peeled FROM updates u JOIN versions v ON v.id = u.version"
+                        " WHERE v.state = 'done' AND u.version <= ? ORDER BY u.version", (version,))
+    for ref, new, otype, peeled in rows:
+        if is_null(new):
+            out.pop(ref, None)
+        else:
+            out[ref] = StoredRef(ref, new, None, otype, peeled)
+    return [out[n] for n in sorted(out)]
+
+
+def symrefs(conn: Conn) -> list[StoredRef]:
+    """The symbolic refs under refs/ (the store keeps no history of them)."""
+    return [StoredRef(n, None, s) for n, s in
+            conn.execute("SELECT name, symref FROM refs WHERE symref IS NOT NULL ORDER BY name")]
+
+
+def version_at_time(conn: Conn, at: float) -> int:
+    """The latest done version committed at or before AT (0: none)."""
+    row = conn.execute("SELECT max(id) FROM versions WHERE state = 'done' AND at <= ?", (at,)).fetchone()
+    return row[0] or 0
+
+
+def done_through(conn: Conn, version: int) -> int:
+    """The latest done version at or before VERSION (0: none)."""
+    row = conn.execute("SELECT max(id) FROM versions WHERE state = 'done' AND id <= ?", (version,)).fetchone()
+    return row[0] or 0
+
+
+def rewritten_between(conn: Conn, lo: int, hi: int) -> bool:
+    """rewritten_since(LO), counting only the versions up to HI."""
+    zero = ZERO
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM updates WHERE version >= ? AND version <= ? AND old != ?"
+                        " AND (new = ? OR ff = 0))", (lo, hi, zero, zero)).fetchone()[0] == 1
+
+
 def record_pack(conn: Conn, version: int, name: str, objects: int, size: int, at: float,
                 window: int, depth: int, compression: int, boundary: Iterable[str]) -> None:
     conn.execute("INSERT OR REPLACE INTO version_packs(version, name, objects, size, built_at, window, depth,"

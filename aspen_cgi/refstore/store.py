@@ -24,6 +24,7 @@ import time
 from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from ..model import refs as refs_mod
+from ..model.pin import Pin, PinError
 from .. import settings
 from ..runtime.statedir import state_dir
 from . import chaining, db, diskrefs, fingerprint, reflocks, segments, views
@@ -588,6 +589,58 @@ class RefStore:
             monotone = not db.rewritten_since(conn, 2)
         direct = [r for r in rows if r.symref is None and r.oid]
         return CloneView(latest, frozenset(r.oid for r in direct), frozenset(r.peeled for r in direct if r.peeled),
+                         tuple(SegmentPack(*row) for row in segs), monotone)
+
+    # -- time travel (model/pin.py) ----------------------------------------------------------------
+
+    def resolve_pin(self, pin: Pin) -> int:
+        """The version PIN names: its number, or the latest version committed
+        by its time; PinError (its text for the client) when there is none."""
+        with db.reading(self.conn) as conn:
+            latest = db.latest_version(conn)
+            if pin.version is not None:
+                if pin.version > latest:
+                    raise PinError(f"no version {pin.version}: the latest is {latest}")
+                return pin.version
+            assert pin.at is not None
+            found = db.version_at_time(conn, pin.at)
+        if not found:
+            raise PinError(f"no version at or before {pin}: the first was committed "
+                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(db.first_version_at(self.conn)))}")
+        return found
+
+    def snapshot_at(self, version: int, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
+        """snapshot() as the done versions up to VERSION left the refs (HEAD
+        and symbolic refs as they are now, where their targets existed then)."""
+        try:
+            with open(os.path.join(self.gitdir, "HEAD"), "rb") as f:
+                head = f.read(4096)
+        except OSError:
+            head = None
+        key = (self.path, "at", version, namespace, head)
+        with _lock:
+            hit = _views.get(key)
+        if hit is not None:
+            return hit[1]
+        with db.reading(self.conn) as conn:
+            rows = sorted(db.refs_at(conn, version) + db.symrefs(conn), key=lambda r: r.name)
+        snap = views.to_snapshot(rows, self.gitdir, self.env, namespace)
+        with _lock:
+            if len(_views) > 256:
+                _views.clear()
+            _views[key] = (rows, snap)
+        return snap
+
+    def clone_view_at(self, version: int) -> Optional[CloneView]:
+        """clone_view() of VERSION: its refs, the segment packs within 2 … VERSION."""
+        with db.reading(self.conn) as conn:
+            unbuilt = db.versions_without_pack(conn, 1)
+            if unbuilt and unbuilt[0] <= version:
+                return None
+            rows = db.refs_at(conn, version)
+            segs = [row for row in db.segment_packs(conn) if row[1] <= version]
+            monotone = not db.rewritten_between(conn, 2, version)
+        return CloneView(version, frozenset(r.oid for r in rows if r.oid), frozenset(r.peeled for r in rows if r.peeled),
                          tuple(SegmentPack(*row) for row in segs), monotone)
 
     # -- history queries ------------------------------------------------------------------------
