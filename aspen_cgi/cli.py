@@ -97,7 +97,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
                 continue
             who = v.who or "-"
             state = "" if v.state == "done" else f" [{v.state}]"
-            out.write(f"version {v.id}  {v.kind}  {who}  {_when(v.at)}{state}\n")
+            what = f"  ({v.push_id})" if v.kind in ("undo", "restore") and v.push_id else ""
+            out.write(f"version {v.id}  {v.kind}  {who}  {_when(v.at)}{state}{what}\n")
             if v.cert is not None:
                 out.write(_cert_line(v.cert))
             shown = v.updates if args.all_updates or len(v.updates) <= 20 else v.updates[:20]
@@ -534,12 +535,73 @@ def _print_metrics(where: str, values: dict) -> None:
             print(f"    {text}  {metrics.number_text(v)}")
 
 
+def _who() -> str:
+    import pwd  # startup
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _rewind(args: argparse.Namespace, store, kind: str, make, through: int, push_id: str) -> int:
+    """Make an undo or restore version (push/undo.py) and say what it did."""
+    from .model.versions import VersionMeta  # startup
+    from .push import undo as rewind  # startup
+    from .service import child_env  # startup
+    t0 = time.monotonic()
+    try:
+        changes = make()
+        done = rewind.apply(store, store.gitdir, child_env(dict(os.environ), store.gitdir), changes,
+                            VersionMeta(kind=kind, who=_who(), push_id=push_id), through)
+    except rewind.Refused as e:
+        if args.json:
+            print(json.dumps({"ok": False, "refused": str(e)}))
+        else:
+            print(f"aspen {kind}: refused: {e}", file=sys.stderr)
+        return 1
+    ms = (time.monotonic() - t0) * 1000
+    if done.hook_output:
+        sys.stderr.write(done.hook_output.decode("utf-8", "replace"))
+    if args.json:
+        print(json.dumps({"ok": True, "version": done.version, "kind": kind, "ms": round(ms, 1),
+                          "reinjected": list(done.reinjected), "post_receive_status": done.hook_status,
+                          "updates": [{"ref": c.ref, "old": c.old, "new": c.new} for c in done.changes]}))
+        return 0
+    print(f"version {done.version}: {kind} ({push_id}), {len(done.changes)} ref(s), {ms:.0f} ms")
+    for c in done.changes:
+        print(f"    {c.old[:12]}..{c.new[:12]}  {c.ref}")
+    if done.reinjected:
+        print(f"    objects put back from the packs of versions {', '.join(map(str, done.reinjected))}")
+    return 0
+
+
+def _cmd_undo(args: argparse.Namespace) -> int:
+    from .push import undo as rewind  # startup
+    store = _open(args.repo)
+    return _rewind(args, store, "undo", lambda: rewind.undo_changes(store, args.version, args.force),
+                   args.version - 1, f"undo-{args.version}")
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from .model.pin import PinError, parse  # startup
+    from .push import undo as rewind  # startup
+    store = _open(args.repo)
+    try:
+        version = store.resolve_pin(parse(args.at))
+    except PinError as e:
+        print(f"aspen restore: refused: {e}", file=sys.stderr)
+        return 1
+    return _rewind(args, store, "restore", lambda: rewind.restore_changes(store, args.ref, version),
+                   version, f"restore-{version}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aspen", description="Aspen: a drop-in replacement for git http-backend.",
         epilog="A repository's past, for any git client: git clone http://HOST/REPO.git@V (a version from "
                "`aspen log`) or REPO.git@2026-11-30T12:00Z; over protocol v2 also --server-option=aspen-version=V "
-               "or aspen-at=T. Read-only; see docs/time-travel.md.")
+               "or aspen-at=T. Read-only. A bundle of it: GET http://HOST/REPO.git/aspen/bundle[@V] "
+               "(git clone --bundle-uri=...). See docs/time-travel.md.")
     parser.add_argument("--version", action="version", version=f"aspen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     dev = sub.add_parser("dev", help="serve every repository under DIR on localhost (embedded defaults)",
@@ -577,6 +639,28 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     verify.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     verify.set_defaults(func=_cmd_verify)
+
+    undo = sub.add_parser("undo", help="one new version putting back every ref a version changed",
+                          description="Make one new version that sets every ref version V changed back to its value "
+                                      "before V (a ref V created is deleted). Refused, with the refs named, when one "
+                                      "of them moved since V, unless --force. Objects git gc pruned are put back from "
+                                      "the version packs first; post-receive and post-update run as for a push.")
+    undo.add_argument("repo", help="path of the repository")
+    undo.add_argument("version", type=int, help="the version to undo (`aspen log` lists them)")
+    undo.add_argument("--force", action="store_true", help="put the refs back even where they moved since")
+    undo.add_argument("--json", action="store_true", help="print the result as JSON")
+    undo.set_defaults(func=_cmd_undo)
+
+    restore = sub.add_parser("restore", help="one new version bringing one ref back to its value at a version or time",
+                             description="Make one new version that sets REF to its value at version V, or at the "
+                                         "latest version committed by time T (ISO 8601, e.g. 2026-11-30T12:00Z): a "
+                                         "deleted branch comes back. Objects git gc pruned are put back from the "
+                                         "version packs first; post-receive and post-update run as for a push.")
+    restore.add_argument("repo", help="path of the repository")
+    restore.add_argument("ref", help="the full ref name, e.g. refs/heads/topic")
+    restore.add_argument("--at", required=True, metavar="V|T", help="a version number or a time")
+    restore.add_argument("--json", action="store_true", help="print the result as JSON")
+    restore.set_defaults(func=_cmd_restore)
 
     compact = sub.add_parser("compact", help="build missing history segments and checkpoint the store",
                              description="Build every segment the geometric schedule calls for (pushes do this as "

@@ -176,24 +176,26 @@ class ServiceRefused(Exception):
         self.body = body
 
 
-def _file_chunks(f) -> Iterator[bytes]:
+def _file_chunks(f, size: int) -> Iterator[bytes]:
     with f:
-        while True:
-            chunk = f.read(CHUNK)
+        while size > 0:
+            chunk = f.read(min(CHUNK, size))
             if not chunk:
                 return
+            size -= len(chunk)
             yield chunk
 
 
 class FileBody:
-    """A file body that WSGI servers may send with sendfile (wsgi.file_wrapper)."""
+    """A file body that WSGI servers may send with sendfile (wsgi.file_wrapper):
+    SIZE bytes from the file's position (its Content-Length)."""
 
     def __init__(self, f, size: int):
         self.file = f
         self.size = size
 
     def __iter__(self) -> Iterator[bytes]:
-        return _file_chunks(self.file)
+        return _file_chunks(self.file, self.size)
 
     def close(self) -> None:
         self.file.close()

@@ -1,8 +1,15 @@
-"""Time-travel fetch's cost (docs/time-travel.md): a clone of the repository
-as it was PUSHES pushes ago (`repo.git@V`) against a clone of its current
-refs, both from the same Aspen server (gunicorn, version packs on, the
-response cache off so that each clone is answered anew), interleaved run by
-run: wall time, bytes on the wire and how each was answered.
+"""Time-travel fetch, undo and restore (docs/time-travel.md): what they cost.
+
+A clone of the repository as it was PUSHES pushes ago (`repo.git@V`)
+against a clone of its current refs, both from the same Aspen server
+(gunicorn, version packs on, the response cache off so that each clone is
+answered anew), interleaved run by run: wall time, bytes on the wire and
+how each was answered. Then `aspen undo` of the latest version, REPS times
+(each undoing the one before: undo, redo, ...), and `aspen restore` of
+main to the pinned version and back, REPS times: the command's wall time
+and its own (`ms` in its JSON). Last, a branch pushed before the pinned
+version is deleted, `git gc --prune=now` runs, and `aspen restore` brings
+it back from the version packs, once.
 
 The repository is the bench's preset (the import), then PUSHES + 10 pushes
 of one commit each through the server, so the pinned version is a push
@@ -70,6 +77,42 @@ def _plan_of(log: str, path_part: str) -> str:
     return "-" if m is None else m.group(1) + (f" ({m.group(2)})" if m.group(2) else "")
 
 
+def _aspen(*args: str) -> tuple[float, dict]:
+    t = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args, "--json"], capture_output=True)
+    wall = time.perf_counter() - t
+    if res.returncode != 0:
+        raise SystemExit(f"aspen {' '.join(args)} failed: {res.stdout.decode()}{res.stderr.decode()}")
+    return wall, json.loads(res.stdout)
+
+
+def _dist(values: list[float]) -> dict:
+    v = sorted(values)
+    return {"p50": round(statistics.median(v), 1), "max": round(v[-1], 1), "n": len(v)}
+
+
+def _undo_restore(repo: Path, branch: str, pinned: int, reps: int) -> dict:
+    undo_wall, undo_ms, rest_wall, rest_ms = [], [], [], []
+    for _ in range(reps):
+        wall, got = _aspen("undo", str(repo), str(_latest(repo)))
+        undo_wall.append(wall * 1000)
+        undo_ms.append(got["ms"])
+    latest = _latest(repo)
+    for i in range(reps):
+        wall, got = _aspen("restore", str(repo), f"refs/heads/{branch}", "--at", str(pinned if i % 2 == 0 else latest))
+        rest_wall.append(wall * 1000)
+        rest_ms.append(got["ms"])
+    return {"undo_cli_ms": _dist(undo_wall), "undo_own_ms": _dist(undo_ms),
+            "restore_cli_ms": _dist(rest_wall), "restore_own_ms": _dist(rest_ms)}
+
+
+def _restore_pruned(repo: Path, work: Path, version: int) -> dict:
+    _git("push", "-q", "origin", ":refs/heads/old", cwd=work)
+    _git("-c", "gc.reflogExpire=now", "-c", "gc.reflogExpireUnreachable=now", "gc", "-q", "--prune=now", cwd=repo)
+    wall, got = _aspen("restore", str(repo), "refs/heads/old", "--at", str(version))
+    return {"cli_ms": round(wall * 1000, 1), "own_ms": got["ms"], "reinjected": got["reinjected"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="small", choices=sorted(repogen.PRESETS), help="the imported repository")
@@ -92,7 +135,7 @@ def main() -> int:
             branch = _git("symbolic-ref", "--short", "HEAD", cwd=work).strip()
             total = args.pushes + 10
             bar = Progress(total, "pushes", stream=sys.stderr)
-            pinned = 0
+            pinned = pinned_old = 0
             t0 = time.perf_counter()
             for i in range(total):
                 (work / "tt.txt").write_text("".join(f"push {i} line {n}\n" for n in range(40)))
@@ -100,6 +143,9 @@ def main() -> int:
                 _git("add", "-A", cwd=work)
                 _git("commit", "-q", "-m", f"push {i}", cwd=work)
                 _git("push", "-q", "origin", f"HEAD:{branch}", cwd=work)
+                if i == 8:
+                    _git("push", "-q", "origin", "HEAD:refs/heads/old", cwd=work)
+                    pinned_old = _latest(served)
                 if i == 9:
                     pinned = _latest(served)
                 bar.update(i + 1)
@@ -115,6 +161,8 @@ def main() -> int:
                     got["plan"] = _plan_of(target.log_text(), f"r.git@{pinned}/" if kind == "pinned" else "r.git/")
                     rows[kind].append(got)
             log = target.log_text()
+            undo_rows = _undo_restore(served, branch, pinned, args.reps)
+            undo_rows["restore_pruned"] = _restore_pruned(served, work, pinned_old)
         finally:
             target.stop()
     out = {"preset": args.preset, "pushes_ago": latest - pinned, "pinned_version": pinned, "latest": latest,
@@ -127,6 +175,7 @@ def main() -> int:
     out["wall_ratio_p50"] = round(out["pinned"]["wall_p50_s"] / out["current"]["wall_p50_s"], 2)
     out["bytes_ratio"] = round(out["pinned"]["bytes"] / out["current"]["bytes"], 2)
     out["tracebacks"] = log.count("Traceback")
+    out.update(undo_rows)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -140,6 +189,15 @@ def main() -> int:
         print(f"| {label} | {r['wall_p50_s']} | {r['wall_max_s']} | {r['bytes']} | {r['pack_bytes']} | "
               f"{', '.join(r['plans'])} |")
     print(f"pinned/current: wall {out['wall_ratio_p50']}, bytes {out['bytes_ratio']}")
+    print()
+    print("| command | wall p50 ms | wall max ms | own p50 ms | own max ms | n |")
+    print("|---|---|---|---|---|---|")
+    for name, key in (("`aspen undo` (latest version)", "undo"), ("`aspen restore` (main, by version)", "restore")):
+        w, o = out[f"{key}_cli_ms"], out[f"{key}_own_ms"]
+        print(f"| {name} | {w['p50']} | {w['max']} | {o['p50']} | {o['max']} | {w['n']} |")
+    r = out["restore_pruned"]
+    print(f"| `aspen restore` of a branch deleted and pruned by gc (versions {r['reinjected']} put back) | "
+          f"{r['cli_ms']} | | {r['own_ms']} | | 1 |")
     return 0
 
 

@@ -11,8 +11,6 @@ traceback."""
 from __future__ import annotations
 
 import math
-import re
-import time
 from datetime import datetime, timezone
 import urllib.error
 import urllib.request

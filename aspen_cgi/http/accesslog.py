@@ -105,12 +105,17 @@ class CountedFile:
         self.file = file
         self.size = size
         self.counted = counted
+        self._left = size
 
     def fileno(self) -> int:
         return self.file.fileno()
 
     def read(self, n: int = -1) -> bytes:
-        return self.file.read(n)
+        """At most SIZE bytes in all (a range of the file, where a server reads rather than sendfile()s)."""
+        n = self._left if n < 0 else min(n, self._left)
+        data = self.file.read(n) if n > 0 else b""
+        self._left -= len(data)
+        return data
 
     def seek(self, offset: int, whence: int = 0) -> int:
         return self.file.seek(offset, whence)

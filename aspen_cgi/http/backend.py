@@ -206,6 +206,34 @@ def _read_only(c: _Call, prefix) -> Response:
                     Trace(service="receive-pack", plan="refused", why="pin-read-only"))
 
 
+def _bundle(c: _Call) -> Response:
+    """GET aspen/bundle[@V]: the repository's bundle (fetch/bundle.py), served as a static file. A fetch
+    by other means: allowed where upload-pack is (http.uploadpack), from the same access rules."""
+    from ..fetch import bundle  # startup
+    from . import staticfile  # startup
+    c.seen["service"] = "bundle"
+    if not service_enabled("upload-pack", c.config, c.env.get("REMOTE_USER")):
+        raise _forbidden("Service not enabled: 'upload-pack'", [])
+    pin = c.pin
+    if "@" in c.arg:
+        from ..model.pin import PinError, parse  # startup
+        try:
+            pin = parse(c.arg.split("@", 1)[1])
+        except PinError as e:
+            raise HttpError(404, "Not Found", f"aspen: bundle: {e}", body=f"{e}\n".encode()) from None
+    ctx = c.context()
+    c.seen["trace"] = ctx.trace
+    got = bundle.bundle_file(ctx, pin)
+    cache = ([("Cache-Control", "public, max-age=31536000, immutable")] if got.pinned
+             else [("Cache-Control", "public, max-age=60")])
+    resp = staticfile.serve(c.env, got.path, got.size, got.etag, got.mtime, cache, "application/x-git-bundle")
+    resp.trace.update(ctx.trace)
+    resp.trace["service"] = "bundle"
+    if got.pinned:
+        resp.trace["pin"] = got.version
+    return resp
+
+
 # Stock's services[] table: each route of http/routes.py names its handler here.
 HANDLERS = {
     "head": _head,
@@ -214,6 +242,7 @@ HANDLERS = {
     "text_file": _text_file,
     "file": _file,
     "service": _service,
+    "bundle": _bundle,
 }
 
 
@@ -242,7 +271,7 @@ def _handle(req: Request, seen: dict) -> Response:
             repo, pin = paths.enter_repo(split[0]), split[1]
     if repo is None:
         raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")
-    if pin is not None and m.route.handler not in ("info_refs", "service"):
+    if pin is not None and m.route.handler not in ("info_refs", "service", "bundle"):
         raise HttpError(404, "Not Found", f"A time-travel view is served over smart HTTP only: '{m.repo_dir}'")
     seen["repo"] = repo.path
     paths.check_ownership(repo, env)

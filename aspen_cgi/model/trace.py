@@ -10,7 +10,7 @@ FIELDS = {
     # the request
     "repo": "the repository as stock names it in messages",
     "gitdir": "its git directory",
-    "service": "upload-pack, receive-pack or metrics",
+    "service": "upload-pack, receive-pack, bundle or metrics",
     "protocol": "the protocol version of an upload-pack request",
     "version": "the ref-store version the request read (`-`: no store)",
     "pin": "the version a time-travel request reads the repository at (model/pin.py)",

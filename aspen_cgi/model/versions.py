@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional, Sequence
 
 from .objectid import ZERO, is_null  # noqa: F401  (re-exported: the store's null id)
 
-KINDS = ("import", "push", "external")
+KINDS = ("import", "push", "external", "undo", "restore")
 
 
 @dataclass(frozen=True)

@@ -609,6 +609,20 @@ class RefStore:
                            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(db.first_version_at(self.conn)))}")
         return found
 
+    def refs_at(self, version: int) -> dict[str, StoredRef]:
+        """Every direct ref as the done versions up to VERSION left it (0: none), by name."""
+        with db.reading(self.conn) as conn:
+            return {r.name: r for r in db.refs_at(conn, version)}
+
+    def refs_now(self) -> dict[str, StoredRef]:
+        """Every direct ref's stored value now, by name."""
+        return {r.name: r for r in self._stored_rows() if r.symref is None and r.oid}
+
+    def version_record(self, version: int) -> Optional[Version]:
+        """VERSION's record with its updates, or None."""
+        got = db.versions_desc(self.conn, 1, version + 1)
+        return got[0] if got and got[0].id == version else None
+
     def snapshot_at(self, version: int, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
         """snapshot() as the done versions up to VERSION left the refs (HEAD
         and symbolic refs as they are now, where their targets existed then)."""
