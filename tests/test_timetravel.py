@@ -132,6 +132,7 @@ def test_fetch_into_an_older_view_gets_only_the_rest(past, tmp_path):
                                       if k.startswith("refs/") and "^{}" not in k}
     h.git("remote", "set-url", "origin", f"{server.url}/repo.git@{newer}", cwd=str(client))
     h.git("fetch", "-q", "origin", cwd=str(client))
+    assert f"pin={newer}" in _access(server)[-1] and "plan=planned" in _access(server)[-1], _access(server)[-1]
     h.fsck_strict(str(client))
     assert h.refs_of(str(client)) == {k: o for k, o in views[newer].items()
                                       if k.startswith("refs/") and "^{}" not in k}
