@@ -143,8 +143,13 @@ def main() -> int:
                 _git("add", "-A", cwd=work)
                 _git("commit", "-q", "-m", f"push {i}", cwd=work)
                 _git("push", "-q", "origin", f"HEAD:{branch}", cwd=work)
-                if i == 8:
+                if i == 8:          # a branch of its own: once deleted, gc prunes its commit
+                    _git("checkout", "-q", "-b", "old", cwd=work)
+                    (work / "old.txt").write_text("".join(f"only on old {n}\n" for n in range(200)))
+                    _git("add", "-A", cwd=work)
+                    _git("commit", "-q", "-m", "only on old", cwd=work)
                     _git("push", "-q", "origin", "HEAD:refs/heads/old", cwd=work)
+                    _git("checkout", "-q", branch, cwd=work)
                     pinned_old = _latest(served)
                 if i == 9:
                     pinned = _latest(served)
