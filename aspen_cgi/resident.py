@@ -89,6 +89,8 @@ def _warm() -> None:
                 __import__(info.name)
             except Exception:
                 pass
+    from .refstore import db  # startup
+    db.schema_tools()
 
 
 def _lock(path: str):

@@ -46,6 +46,8 @@ from .planner import plan  # noqa: F401
 from .push.flow import Push  # noqa: F401
 from .fetch import history  # noqa: F401
 from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
+from .refstore import db as _db
+_db.schema_tools()      # a repository's first request makes its store (sqlite_utils, without numpy)
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
 

@@ -158,8 +158,26 @@ def _m7(db) -> None:
 MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7]
 
 
+def schema_tools():
+    """sqlite_utils, imported without numpy: it imports numpy when present
+    (matplotlib brings it) for types Aspen never stores, and that doubled its
+    import (50 ms against 80 to 130 ms here), paid by the first request to a
+    repository without a store. Long-lived processes call this as they
+    start (wsgi.py, resident.py)."""
+    import sys
+    blocked = "numpy" not in sys.modules
+    if blocked:
+        sys.modules["numpy"] = None       # type: ignore[assignment]  # `import numpy` raises ImportError
+    try:
+        import sqlite_utils  # startup: only when a schema is created or moved
+    finally:
+        if blocked and sys.modules.get("numpy", 0) is None:
+            del sys.modules["numpy"]
+    return sqlite_utils
+
+
 def _migrate(conn: Conn) -> None:
-    import sqlite_utils  # startup: heavy (it imports numpy when present): only when a schema is created or moved
+    sqlite_utils = schema_tools()
 
     def run() -> None:
         conn.execute("BEGIN IMMEDIATE")
