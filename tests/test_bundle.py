@@ -195,3 +195,14 @@ def test_a_namespace_gets_the_bundle_of_its_own_refs(served, server_factory, tmp
     assert _heads(body) == {"refs/heads/main": only}
     (tmp_path / "ns.bundle").write_bytes(body)
     h.git("bundle", "verify", str(tmp_path / "ns.bundle"))
+
+
+def test_without_built_packs_the_bundle_is_503_and_a_bundle_uri_clone_still_works(root, server_factory, tmp_path):
+    server = server_factory(root, ASPEN_VERSION_PACKS="off")
+    status, hdrs, body = _get(f"{server.url}/repo.git/aspen/bundle")
+    assert status == 503 and hdrs["Retry-After"] == "30"
+    assert b"packs are being built; retry later" in body
+    client = tmp_path / "client"
+    h.git("clone", "-q", f"--bundle-uri={server.url}/repo.git/aspen/bundle", f"{server.url}/repo.git", str(client))
+    h.git("fsck", "--strict", cwd=str(client))
+    assert h.out("rev-parse", "origin/main", cwd=str(client)).strip() == h.refs_of(str(root / "repo.git"))["refs/heads/main"]

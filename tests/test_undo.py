@@ -176,3 +176,28 @@ def test_an_undo_of_an_undo_is_a_redo(pushed, tmp_path):
     assert rc == 0, stderr
     assert h.refs_of(str(repo))["refs/heads/main"] == m["main2"]
     _clone_checks(server, repo, tmp_path / "c")
+
+
+def test_a_push_landing_between_reading_and_writing_makes_the_undo_fail_with_nothing_written(pushed):
+    """The undo's ref changes are computed, then a push moves main, then they are applied:
+    the compare-and-swap on main's old value fails, no version, no hook."""
+    import os as _os
+
+    from aspen_cgi.model.versions import VersionMeta
+    from aspen_cgi.push import undo
+    from aspen_cgi.refstore.store import RefStore
+    from aspen_cgi.service import child_env
+    server, repo, work, out, m = pushed
+    env = child_env(dict(_os.environ), str(repo))
+    store = RefStore.open(str(repo), env)
+    store.sync()
+    changes = undo.undo_changes(store, m["B"])
+    moved = pk.commit(work, "meanwhile")
+    h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    latest = _latest(repo)
+    with pytest.raises(undo.Refused, match="a ref moved meanwhile; nothing was changed"):
+        undo.apply(store, str(repo), env, changes, VersionMeta(kind="undo", who="t", push_id=f"undo-{m['B']}"),
+                   m["B"] - 1)
+    assert h.refs_of(str(repo))["refs/heads/main"] == moved
+    assert _latest(repo) == latest
+    assert (out / "post-receive.txt").read_text() == f"{m['main2']} {moved} refs/heads/main\n"   # the push's only
