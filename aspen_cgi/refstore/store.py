@@ -336,21 +336,29 @@ class RefStore:
         """The refs as the advertisements need them (stock's for-each-ref view),
         the same object while neither the store nor HEAD changed."""
         rows = self._stored_rows()
+        return self._view((self.path, id(rows), namespace, self._head()), lambda: rows, namespace, rows)
+
+    def _head(self) -> Optional[bytes]:
         try:
             with open(os.path.join(self.gitdir, "HEAD"), "rb") as f:
-                head = f.read(4096)
+                return f.read(4096)
         except OSError:
-            head = None
-        key = (self.path, id(rows), namespace, head)
+            return None
+
+    def _view(self, key: tuple, rows: Callable[[], list[StoredRef]], namespace: Optional[str],
+              same: Optional[list[StoredRef]] = None) -> refs_mod.RefSnapshot:
+        """The snapshot of ROWS() kept under KEY; with SAME, only while it was made from that
+        very list (KEY holds its id, which a later list may reuse)."""
         with _lock:
             hit = _views.get(key)
-            if hit is not None and hit[0] is rows:
-                return hit[1]
-        snap = views.to_snapshot(rows, self.gitdir, self.env, namespace)
+        if hit is not None and (same is None or hit[0] is same):
+            return hit[1]
+        got = rows()
+        snap = views.to_snapshot(got, self.gitdir, self.env, namespace)
         with _lock:
             if len(_views) > 256:
                 _views.clear()
-            _views[key] = (rows, snap)
+            _views[key] = (got, snap)
         return snap
 
     # -- writing -------------------------------------------------------------------------------
@@ -626,24 +634,10 @@ class RefStore:
     def snapshot_at(self, version: int, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
         """snapshot() as the done versions up to VERSION left the refs (HEAD
         and symbolic refs as they are now, where their targets existed then)."""
-        try:
-            with open(os.path.join(self.gitdir, "HEAD"), "rb") as f:
-                head = f.read(4096)
-        except OSError:
-            head = None
-        key = (self.path, "at", version, namespace, head)
-        with _lock:
-            hit = _views.get(key)
-        if hit is not None:
-            return hit[1]
-        with db.reading(self.conn) as conn:
-            rows = sorted(db.refs_at(conn, version) + db.symrefs(conn), key=lambda r: r.name)
-        snap = views.to_snapshot(rows, self.gitdir, self.env, namespace)
-        with _lock:
-            if len(_views) > 256:
-                _views.clear()
-            _views[key] = (rows, snap)
-        return snap
+        def rows() -> list[StoredRef]:
+            with db.reading(self.conn) as conn:
+                return sorted(db.refs_at(conn, version) + db.symrefs(conn), key=lambda r: r.name)
+        return self._view((self.path, "at", version, namespace, self._head()), rows, namespace)
 
     def clone_view_at(self, version: int) -> Optional[CloneView]:
         """clone_view() of VERSION: its refs, the segment packs within 2 … VERSION."""
