@@ -89,7 +89,7 @@ def test_the_bundle_is_a_static_file_with_etag_and_ranges(served):
     assert hdrs["Accept-Ranges"] == "bytes" and hdrs["ETag"].startswith('"')
     assert "max-age=60" in hdrs["Cache-Control"]
     assert _heads(body) == {**_ls_remote(f"{server.url}/repo.git")}
-    etag, size = hdrs["ETag"], len(body)
+    etag, size, hdrs0 = hdrs["ETag"], len(body), hdrs
     assert _get(url, **{"If-None-Match": etag})[0] == 304
     status, hdrs, part = _get(url, Range="bytes=0-99")
     assert status == 206 and part == body[:100] and hdrs["Content-Range"] == f"bytes 0-99/{size}"
@@ -102,7 +102,8 @@ def test_the_bundle_is_a_static_file_with_etag_and_ranges(served):
     assert _get(url, Range="bytes=0-9", **{"If-Range": '"other"'})[2] == body          # changed: the whole file
     assert _get(url, Range="bytes=0-1,5-9")[2] == body                                # several ranges: whole
     assert _get(url, Range="pages=1")[2] == body                                      # malformed: whole
-    assert _get(url)[2] == body                                                       # the same bytes again
+    again = _get(url)
+    assert again[2] == body and again[1]["Last-Modified"] == hdrs0["Last-Modified"]    # the same file, unchanged
     status, hdrs, _ = _get(f"{server.url}/repo.git/aspen/bundle@2")
     assert status == 200 and "immutable" in hdrs["Cache-Control"]
 

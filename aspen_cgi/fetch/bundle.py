@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -160,11 +161,11 @@ def bundle_file(ctx, pin: Optional[Pin]) -> BundleFile:
                         os.unlink(tmp)
                 ctx.trace["cache"] = "cold"
                 _evict(directory, path)
+    st = os.stat(path)
     try:
-        os.utime(path)            # its use, for eviction
+        os.utime(path, (time.time(), st.st_mtime))     # its use (atime), for eviction; Last-Modified stays
     except OSError:
         pass
-    st = os.stat(path)
     n = id_bytes(ctx.config.object_format)
     with open(path, "rb") as f:
         f.seek(st.st_size - n)
@@ -179,7 +180,7 @@ def _evict(directory: str, keep: str) -> None:
         if name.startswith("bundle-") and name.endswith(".bundle"):
             p = os.path.join(directory, name)
             try:
-                files.append((os.stat(p).st_mtime, p))
+                files.append((os.stat(p).st_atime, p))
             except OSError:
                 pass
     for _, p in sorted(files, reverse=True)[KEEP:]:
