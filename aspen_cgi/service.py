@@ -99,6 +99,7 @@ class ServiceContext:
         if store is None:
             raise PinError("this repository has no ref store: no earlier version can be read")
         self.pinned = store.resolve_pin(pin)
+        self.pin = pin
         self.trace["pin"] = self.pinned
 
 

@@ -85,30 +85,15 @@ def _header(ctx, store, version: int) -> tuple[bytes, list[str], bool]:
     return MAGIC + "".join(lines).encode("utf-8", "surrogateescape") + b"\n", values, whole
 
 
-def _clone_plan(store, version: int):
-    """The import pack and the segment and version packs partitioning 2 … VERSION."""
-    from ..planner.plan import Plan, cover  # startup
-    segments = {(s.lo, s.hi): s.name for s in store.segment_packs() if s.hi <= version}
-    names, firsts, lasts = [], [], []
-    for lo, hi in [(1, 1)] + cover(2, version, list(segments)):
-        if (lo, hi) in segments:
-            name = segments[(lo, hi)]
-        else:
-            got = store.version_pack(lo)
-            if got is None:
-                return None
-            name = got[0][0]
-        if name:
-            names.append(name)
-            firsts.append(lo)
-            lasts.append(hi)
-    return Plan(tuple(lasts), tuple(names), 0, 0, (), (False,) * len(names), tuple(firsts))
-
-
 def _write_pack(ctx, store, version: int, values: list[str], whole: bool, out) -> None:
     if whole:
         from .planned import prepare  # startup
-        plan = _clone_plan(store, version)
+        from ..planner.plan import clone_plan  # startup
+
+        def version_pack(v: int) -> Optional[str]:
+            got = store.version_pack(v)
+            return None if got is None else got[0][0]
+        plan = clone_plan(version, store.segment_packs(), version_pack)
         if plan is not None:
             splice = prepare(store.packs_dir, plan, None, id_bytes(ctx.config.object_format))
             try:

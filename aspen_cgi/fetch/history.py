@@ -264,10 +264,5 @@ class PinnedHistory(StoreHistory):
             self._settled.through = self._through
         return self._settled
 
-    def ready(self) -> bool:
-        """Every version up to the pinned one is done and has its pack."""
-        self.settled()
-        return self._through >= self.version
-
     def clone_view(self) -> Optional[CloneView]:
         return self.store.clone_view_at(self.version)

@@ -95,9 +95,7 @@ def refused_want(ctx, req: FetchRequest) -> Optional[str]:
         return None
     # stock's is_our_ref(): under allowTip or allowReachable a hidden ref (inside the namespace) counts as ours
     counted = list(snap.refs) if allow & ALLOW_REACHABLE else visible
-    ours = {r.oid for r in visible} | {r.peeled for r in visible if r.peeled}
-    if snap.head is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
-        ours.add(snap.head.oid)
+    ours = _advertised(snap, hidden)
     if allow & (ALLOW_TIP | ALLOW_REACHABLE):
         ours |= {r.oid for r in snap.refs}
     rest = [w for w in dict.fromkeys(req.wants) if w not in ours]
@@ -138,7 +136,7 @@ def _replayable(ctx) -> bool:
     files give the same bytes (not with included configuration files, whose
     names and times are not among the inputs it watches; not a time-travel
     view, which is read from the store's history, not the refs it watches)."""
-    return not ctx.config.includes and ctx.pin is None and ctx.pinned is None
+    return not ctx.config.includes and ctx.pin is None
 
 
 def _resolve_pin(ctx, server_options=()) -> Optional[bytes]:
@@ -150,7 +148,6 @@ def _resolve_pin(ctx, server_options=()) -> Optional[bytes]:
     try:
         pin = pins.from_server_options(server_options) or ctx.pin
         if pin is not None:
-            ctx.pin = pin
             ctx.pin_to(pin)
     except pins.PinError as e:
         ctx.trace.update(plan="refused", why="pin")
@@ -165,11 +162,16 @@ def _pinned_refused(ctx, req: FetchRequest) -> Optional[str]:
     allowAnySHA1InWant: its git fallback is told to take any object."""
     if _config(ctx).allow & ALLOW_ANY:
         return None
-    snap, hidden = _snapshot(ctx), _hidden(ctx)
+    ours = _advertised(_snapshot(ctx), _hidden(ctx))
+    return next((w for w in req.wants if w not in ours), None)
+
+
+def _advertised(snap: RefSnapshot, hidden) -> set[str]:
+    """What the advertisement shows: the visible refs' values and peeled tags, and HEAD's value."""
     ours = {x for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name) for x in (r.oid, r.peeled) if x}
     if snap.head is not None and not hidden("HEAD", snap.namespace_prefix + "HEAD"):
         ours.add(snap.head.oid)
-    return next((w for w in req.wants if w not in ours), None)
+    return ours
 
 
 def advertise(ctx) -> Iterator[bytes]:
@@ -296,9 +298,9 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     client waits) builds the wide answer at once."""
     from . import packobjectshook as packhook  # startup
     from ..cache import responses  # startup
-    depth1 = packhook.wants_wide_pack(req, ctx.settings)
     if ctx.pinned is not None:
         return compute(ctx, req, data)      # a view of the past: no cache entries, no depth-1 builds for it
+    depth1 = packhook.wants_wide_pack(req, ctx.settings)
     sdir = state_dir(ctx.gitdir, ctx.settings)
     if depth1:
         ctx.trace["depth1"] = "stock"
@@ -435,8 +437,6 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
     from ..planner.plan import Fallback  # startup
     from .history import PinnedHistory, StoreHistory  # startup
     history = StoreHistory(store) if ctx.pinned is None else PinnedHistory(store, ctx.pinned)
-    if ctx.pinned is not None and not history.ready():
-        return _fallback(ctx, "not-built")
     # haves that are no version's ref value must be commits a version introduced (ancestors
     # a client walks back through) to be known common, as stock acknowledges them
     unknown = [h for h, t in history.tips_many(req.haves).items() if not t.tips]
@@ -469,11 +469,11 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
 
 def _built(ctx, store) -> bool:
     """Every version has its pack (waiting a little for a running build);
-    for a time-travel fetch, every version up to its own."""
-    if ctx.pinned is not None and store.settled()[1] >= ctx.pinned:
-        return True
-    return background.await_built(ctx.gitdir, store, ctx.env) or \
-        ctx.pinned is not None and store.settled()[1] >= ctx.pinned
+    for a time-travel fetch, every version up to its own (the history
+    PinnedHistory reads)."""
+    def pinned_built() -> bool:
+        return ctx.pinned is not None and store.settled()[1] >= ctx.pinned
+    return pinned_built() or background.await_built(ctx.gitdir, store, ctx.env) or pinned_built()
 
 
 def _request_reason(ctx, req: FetchRequest) -> Optional[str]:

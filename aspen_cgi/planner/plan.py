@@ -98,11 +98,11 @@ have and want: their number is the client's, not the history's).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Mapping, Optional, Protocol, Sequence
 
 from ..protocol.requests import FetchRequest
-from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer, Visits
+from ..model.versions import AncestryAnswer, CloneView, PackInfo, SegmentPack, TipAnswer, Visits
 
 UNPROVED = "haves-not-proved"
 EXTRA_OBJECTS = "extra-objects"    # stored packs hold objects stock's answer would not leave the client with
@@ -713,23 +713,45 @@ def _clone(req: FetchRequest, history: History, count: _Count) -> Optional[Plan]
     wants = set(req.wants)
     if not wants <= view.values | view.peeled or not view.values <= wants:
         return None
-    segments = {(s.lo, s.hi): s.name for s in view.segments}
-    spans = [(1, 1)] + cover(2, view.version, list(segments))
+
+    def version_pack(v: int) -> Optional[str]:
+        info = history.pack_of(v)
+        count.visit((v,))
+        return None if info is None else info.name
+
+    def run(lo: int, hi: int) -> None:
+        count.segments.add(("run", lo, hi))
+
+    plan_ = clone_plan(view.version, view.segments, version_pack, run)
+    if plan_ is None:
+        return None
+    count.proofs.extend(plan_.proofs)
+    return replace(plan_, versions_visited=len(count.versions), segments_visited=len(count.segments),
+                   proofs=tuple(count.proofs), lookups=count.lookups)
+
+
+def clone_plan(version: int, segments: Sequence[SegmentPack], version_pack: Callable[[int], Optional[str]],
+               on_run: Callable[[int, int], None] = lambda lo, hi: None) -> Optional[Plan]:
+    """The extents of the whole repository at VERSION: the import pack, then
+    the built segment packs (the longest first, `cover()`) and version packs
+    partitioning 2 … VERSION, each complete against those before it. None
+    when a version has no pack (VERSION_PACK's None). ON_RUN is told of each
+    segment pack used."""
+    runs = {(s.lo, s.hi): s.name for s in segments if s.hi <= version}
+    spans = [(1, 1)] + cover(2, version, list(runs))
     names, firsts, lasts = [], [], []
     for lo, hi in spans:
-        if (lo, hi) in segments:
-            count.segments.add(("run", lo, hi))
-            name = segments[(lo, hi)]
+        if (lo, hi) in runs:
+            on_run(lo, hi)
+            name = runs[(lo, hi)]
         else:
-            info = history.pack_of(lo)
-            count.visit((lo,))
-            if info is None:
+            got = version_pack(lo)
+            if got is None:
                 return None
-            name = info.name
+            name = got
         if name:
             names.append(name)
             firsts.append(lo)
             lasts.append(hi)
-    count.proofs.append(f"clone of version {view.version}: {len(spans)} runs")
-    return Plan(tuple(lasts), tuple(names), len(count.versions), len(count.segments), tuple(count.proofs),
-                (False,) * len(names), tuple(firsts), count.lookups)
+    return Plan(tuple(lasts), tuple(names), 0, 0, (f"clone of version {version}: {len(spans)} runs",),
+                (False,) * len(names), tuple(firsts))

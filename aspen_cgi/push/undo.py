@@ -97,13 +97,13 @@ def apply(store: RefStore, gitdir: str, env: Mapping[str, str], changes: Sequenc
     hook_env = {**env, "GIT_PUSH_OPTION_COUNT": "0"}
     lines = "".join(f"{c.old} {c.new} {c.ref}\n" for c in changes).encode("utf-8", "surrogateescape")
     out: list[bytes] = []
-    status = yield_all(hooks.run("post-receive", [], hook_env, lines), out)
-    yield_all(hooks.run("post-update", [c.ref for c in changes], env), out)
+    status = _drain(hooks.run("post-receive", [], hook_env, lines), out)
+    _drain(hooks.run("post-update", [c.ref for c in changes], env), out)
     background.kick(gitdir, store.packs_dir, env)
     return Done(made, tuple(changes), tuple(back), b"".join(s.encode() for s in log) + b"".join(out), status)
 
 
-def yield_all(gen, out: list[bytes]) -> int:
+def _drain(gen, out: list[bytes]) -> int:
     """Run a hook generator to its end, keeping its output; its exit status."""
     while True:
         try:

@@ -494,9 +494,7 @@ def rewritten_since(conn: Conn, version: int) -> bool:
     """Did any update from VERSION on delete a ref or move it other than
     forward (external versions record every change of a value as not
     fast-forward; creations are neither)?"""
-    zero = ZERO
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM updates WHERE version >= ? AND old != ?"
-                        " AND (new = ? OR ff = 0))", (version, zero, zero)).fetchone()[0] == 1
+    return rewritten_between(conn, version, 1 << 62)
 
 
 def void_update(conn: Conn, version: int, ref: str) -> None:
@@ -711,20 +709,12 @@ def unbuilt_count(path: str) -> Optional[int]:
 
 def refs_before(conn: Conn, version: int) -> dict[str, str]:
     """S_{v-1}: every ref's value after the done versions before VERSION (one pass over history)."""
-    out: dict[str, str] = {}
-    rows = conn.execute("SELECT u.ref, u.new FROM updates u JOIN versions v ON v.id = u.version"
-                        " WHERE v.state = 'done' AND u.version < ? ORDER BY u.version", (version,))
-    for ref, new in rows:
-        if new == ZERO:
-            out.pop(ref, None)
-        else:
-            out[ref] = new
-    return out
+    return {name: r.oid for name, r in _replay(conn, version - 1).items()}
 
 
-def refs_at(conn: Conn, version: int) -> list[StoredRef]:
-    """Every direct ref as the done versions up to VERSION left it, with its
-    type and peeled value (a time-travel view), by name."""
+def _replay(conn: Conn, version: int) -> dict[str, StoredRef]:
+    """Every direct ref as the done versions up to VERSION left it, in the
+    order the updates first set it (one pass over history)."""
     out: dict[str, StoredRef] = {}
     rows = conn.execute("SELECT u.ref, u.new, u.type, u.peeled FROM updates u JOIN versions v ON v.id = u.version"
                         " WHERE v.state = 'done' AND u.version <= ? ORDER BY u.version", (version,))
@@ -733,6 +723,13 @@ def refs_at(conn: Conn, version: int) -> list[StoredRef]:
             out.pop(ref, None)
         else:
             out[ref] = StoredRef(ref, new, None, otype, peeled)
+    return out
+
+
+def refs_at(conn: Conn, version: int) -> list[StoredRef]:
+    """Every direct ref as the done versions up to VERSION left it, with its
+    type and peeled value (a time-travel view), by name."""
+    out = _replay(conn, version)
     return [out[n] for n in sorted(out)]
 
 
@@ -745,12 +742,6 @@ def symrefs(conn: Conn) -> list[StoredRef]:
 def version_at_time(conn: Conn, at: float) -> int:
     """The latest done version committed at or before AT (0: none)."""
     row = conn.execute("SELECT max(id) FROM versions WHERE state = 'done' AND at <= ?", (at,)).fetchone()
-    return row[0] or 0
-
-
-def done_through(conn: Conn, version: int) -> int:
-    """The latest done version at or before VERSION (0: none)."""
-    row = conn.execute("SELECT max(id) FROM versions WHERE state = 'done' AND id <= ?", (version,)).fetchone()
     return row[0] or 0
 
 
