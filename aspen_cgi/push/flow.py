@@ -348,8 +348,13 @@ class Push:
         tips = [s.cmd.new for s in states
                 if not s.cmd.is_delete and not s.skip_update and not self._shallow_checked_later(s)]
         env = self._qenv()
-        res = intake.connected(self.gitdir, env, tips, progress=self.msgs.sideband and not self.neg.quiet,
-                               with_commits=True)
+        progress = self.msgs.sideband and not self.neg.quiet
+        known = self._known_tips()
+        res = intake.connected(self.gitdir, env, tips, progress=progress, with_commits=True,
+                               exclude=known[0] if known else None)
+        if known and (not res.ok or known[1].intersection(res.objects or ())):
+            # a tip the store knows is gone, or the push names a tag a ref holds: walk as git does
+            res = intake.connected(self.gitdir, env, tips, progress=progress, with_commits=True)
         yield self.msgs.frame(res.stderr)
         if res.ok:
             self.new_commits = res.commits or {}
@@ -364,6 +369,25 @@ class Push:
             if not single.ok:
                 self.ctx.log.append(single.stderr.decode("utf-8", "replace"))
                 s.error = "missing necessary objects"
+
+    def _known_tips(self) -> Optional[tuple[list[str], set[str]]]:
+        """What --all names, from the ref store: every ref's peeled value (and
+        a detached HEAD's), with the tag objects refs hold, which --all would
+        keep out of the listing and peeled values do not. None without a store,
+        or when the repository borrows objects (alternates' refs are git's)."""
+        if os.path.exists(os.path.join(self.gitdir, "objects", "info", "alternates")):
+            return None
+        store = self._open_store()
+        if store is None:
+            return None
+        try:
+            snap = store.snapshot(None)
+        except (store_db.Error, store_db.Busy):
+            return None
+        refs = list(snap.refs) + ([snap.head] if snap.head is not None and snap.head_target is None else [])
+        peeled = {r.peeled or r.oid for r in refs if not r.missing}
+        tags = {r.oid for r in refs if r.peeled and r.peeled != r.oid}
+        return sorted(peeled), tags
 
     def _mark_proc_receive(self, states: list[CommandState]) -> None:
         pats = self.policy.proc_receive_refs

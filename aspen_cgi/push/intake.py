@@ -275,29 +275,40 @@ _OBJECT_LINE = re.compile(f"^({OID_PATTERN})(?: (.*))?$".encode(), re.S)
 
 
 def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress: bool = False,
-              with_commits: bool = False, shallow_file: Optional[str] = None) -> ConnectivityResult:
+              with_commits: bool = False, shallow_file: Optional[str] = None,
+              exclude: Optional[Sequence[str]] = None) -> ConnectivityResult:
     """check_connected(): every new tip's closure is in the repository plus
     quarantine (git 2.39 walks against --all, hidden refs included). With
     WITH_COMMITS the same walk also lists the new commits and their parents
     (rev-list prints commits before any tree, blob or tag) with their
     committer times, and the other new objects with their paths. With
-    SHALLOW_FILE, git takes its commits as the shallow ones (`--shallow-file`)."""
+    SHALLOW_FILE, git takes its commits as the shallow ones (`--shallow-file`).
+
+    EXCLUDE, when given, stands for --all and --alternate-refs (in a
+    quarantine the repository is the alternate: its refs again, listed by a
+    for-each-ref child): every ref's value, tags already peeled (the ref
+    store knows them), so git parses no tag and starts no child. It reaches
+    the commits --all reaches; an object it names that is missing fails the
+    walk like a missing new one (the caller walks again with --all). Only for
+    a repository that borrows no objects."""
     if not oids:
         return ConnectivityResult(True, b"", {} if with_commits else None)
     args = ["--shallow-file", shallow_file] if shallow_file is not None else []
-    args += ["rev-list", "--objects", "--stdin", "--not", "--all", "--alternate-refs"]
+    args += ["rev-list", "--objects", "--stdin"]
+    args += [] if exclude is not None else ["--not", "--all", "--alternate-refs"]
+    stdin = "".join(o + "\n" for o in oids) + "".join("^" + o + "\n" for o in exclude or ())
     args += ["--parents", "--timestamp"] if with_commits else ["--quiet"]
     if progress:
         args.append("--progress=Checking connectivity")
     if not with_commits:
-        res = gitexec.git(args, cwd=gitdir, env=env, input="".join(o + "\n" for o in oids).encode())
+        res = gitexec.git(args, cwd=gitdir, env=env, input=stdin.encode())
         return ConnectivityResult(res.ok, res.stderr)
     proc = gitexec.start(args, cwd=gitdir, env=env)
     err = bytearray()
     drain = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)
     drain.start()
     try:
-        proc.stdin.write("".join(o + "\n" for o in oids).encode())
+        proc.stdin.write(stdin.encode())
         proc.stdin.close()
     except OSError:
         pass
