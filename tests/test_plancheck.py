@@ -1,11 +1,13 @@
 """Refused plans checked against git's object walk (aspen_cgi/fetch/plancheck.py):
 the planner's cost rule refuses a holder version when the client holds
-commits introduced after it; the plan it refused is sent only when `git
-rev-list --objects WANTS --not HAVES` lists every object of its packs. A
-client that holds an unrelated later commit gets the plan. One that holds a
-rewrite of the holder's commit (the same tree), merged into the wanted
-commit, gets git's answer: git's walk meets the rewrite beside the holder's
-commit and leaves out its tree, which the holder's pack would send again."""
+commits introduced after it; the plan it refused is sent when `git
+rev-list --objects WANTS --not HAVES` lists every object of its packs, or
+as that listing's subset of them. A client that holds an unrelated later
+commit gets the plan. One that holds a rewrite of the holder's commit (the
+same tree), merged into the wanted commit, gets the subset: git's walk meets
+the rewrite beside the holder's commit and leaves out its tree, which the
+holder's pack would send again. A subset whose kept delta needs a left-out
+base the client may lack is refused."""
 
 from __future__ import annotations
 
@@ -99,15 +101,67 @@ def test_a_candidate_without_objects_the_client_has_passes_and_completes_it(root
     h.fsck_strict(str(client))
 
 
-def test_a_candidate_resending_a_rewritten_tree_is_refused(root, server, tmp_path):
+def test_a_candidate_resending_a_rewritten_tree_is_sent_as_gits_listing(root, server, tmp_path):
+    """The subset: exactly the objects git's walk lists, spliced from the
+    candidate's packs; a client holding the haves ends complete with them."""
+    from dataclasses import replace
+    from aspen_cgi.fetch import planned
     repo, _, a2, haves = _history(root, server, tmp_path, rewrite=True)
     store, refused = _refused(repo, a2, haves)
-    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, refused.candidate.plan().packs, [a2], haves,
-                              {}, True)
-    assert (verdict.ok, verdict.why) == (False, "overlap"), verdict
+    candidate = refused.candidate.plan()
+    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, candidate.packs, [a2], haves, {}, True)
+    assert (verdict.ok, verdict.why) == (True, "subset"), verdict
+    listing = h.out("rev-list", "--objects", a2, *[f"^{x}" for x in haves], cwd=str(repo)).splitlines()
+    assert verdict.only == frozenset(bytes.fromhex(line.split()[0]) for line in listing)
+    assert verdict.objects > len(verdict.only)
+    splice = planned.prepare(store.packs_dir, replace(candidate, only=verdict.only))
+    data = b"".join(splice.chunks())
+    assert splice.objects == len(verdict.only)
+    client = tmp_path / "client.git"
+    h.git("init", "-q", "--bare", str(client))
+    h.git("fetch", "-q", str(repo), *[f"{x}:refs/have/{i}" for i, x in enumerate(haves)], cwd=str(client))
+    h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=data)
+    h.git("update-ref", "refs/heads/a", a2, cwd=str(client))
+    h.fsck_strict(str(client))
 
 
-def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_goes_to_git(root, server_factory, tmp_path):
+def test_a_subset_whose_delta_needs_a_base_the_client_may_lack_is_refused(tmp_path):
+    """A pack of a blob and a delta on it; the listing names the delta's
+    object alone. Without an edge commit holding the base: refused; with one
+    whose tree holds it: the subset."""
+    from aspen_cgi.packs.packfile import OBJ_OFS_DELTA, OBJ_REF_DELTA, Pack, PackIndex
+    repo = tmp_path / "r.git"
+    h.git("init", "-q", "--bare", str(repo))
+    work = tmp_path / "w"
+    h.git("clone", "-q", str(repo), str(work))
+    text = "".join(f"line {i} of a file long enough to be worth a delta\n" for i in range(300))
+    first = pk.commit(work, "first", name="g.txt")       # its tree holds neither blob
+    (work / "f.txt").write_text(text)
+    edge = pk.commit(work, "f", name="h.txt")
+    (work / "f.txt").write_text(text + "one more\n")
+    h.git("commit", "-q", "-am", "f again", cwd=str(work))
+    blobs = [h.out("rev-parse", f"{c}:f.txt", cwd=str(work)) for c in (edge, "HEAD")]
+    pack_dir = tmp_path / "packs"
+    pack_dir.mkdir()
+    name = h.git("pack-objects", "-q", str(pack_dir / "pack"), cwd=str(work),
+                 input=("\n".join(blobs) + "\n").encode()).stdout.decode().strip()
+    with Pack(pack_dir / f"pack-{name}.pack") as pack:
+        kinds = {e.oid.hex(): e.type for e in pack.entries()}
+    delta = next(b for b in blobs if kinds[b] in (OBJ_OFS_DELTA, OBJ_REF_DELTA))
+    base = next(b for b in blobs if b != delta)
+    h.git("push", "-q", "origin", "HEAD:refs/heads/main", cwd=str(work))
+    index = {name: PackIndex.load(pack_dir / f"pack-{name}.idx")}
+    only = {bytes.fromhex(delta)}
+    lacking = plancheck._subset(str(repo), dict(os.environ), str(pack_dir), [name], dict(index), set(only),
+                                [first], [], 2)
+    assert (lacking.ok, lacking.why) == (False, "overlap"), lacking
+    holding = [edge] if base == blobs[0] else [h.out("rev-parse", "HEAD", cwd=str(work))]
+    held = plancheck._subset(str(repo), dict(os.environ), str(pack_dir), [name], dict(index), set(only),
+                             holding, [], 2)
+    assert (held.ok, held.why, held.only) == (True, "subset", frozenset(only)), held
+
+
+def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_as_its_subset(root, server_factory, tmp_path):
     for rewrite in (False, True):
         where = tmp_path / ("rewrite" if rewrite else "fresh")
         r = where / "root"
@@ -125,6 +179,6 @@ def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_goes_to_git(root
         assert h.out("rev-parse", "refs/heads/a", cwd=str(client)) == a2
         last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
         if rewrite:
-            assert "plan=fallback" in last and "checked=overlap" in last, last
+            assert "plan=planned" in last and "checked=subset" in last, last
         else:
             assert "plan=planned" in last and "checked=ok" in last, last

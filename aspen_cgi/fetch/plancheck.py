@@ -20,6 +20,16 @@ walks. The store's recorded parents and committer times answer that
 (store_ready); where it has no record of a commit, git's commits are read
 through one `cat-file --batch` (stock_ready).
 
+When the packs hold more than that listing (objects the client has, as a
+client many pushes behind on several branches holds part of them), the
+candidate may still be sent as the listing's subset of its packs
+(`Check.only`: the splice leaves the other entries out, a delta on a left
+out base becoming a REF_DELTA to it): every listed object must be in the
+packs, and every base left out that a kept delta needs must be in the
+client's store by git's own measure -- a have, or in the tree of an edge
+commit (`rev-list --objects-edge`: the commits stock's thin pack takes its
+bases from). Then the client gets exactly stock's objects, no object twice.
+
 Bounded: a candidate of more than MAX_OBJECTS objects, a listing longer
 than that, or a walk over TIMEOUT_S seconds is not checked (git answers)."""
 
@@ -42,6 +52,7 @@ class Check:
     ok: bool
     why: str = ""           # when not: "overlap" (an object stock would not send), "not-ready", "too-large", "git-failed"
     objects: int = 0        # objects in the candidate's packs
+    only: Optional[frozenset[bytes]] = None     # ok as this subset of the packs' objects ("subset")
 
 
 def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[str], wants: Sequence[str],
@@ -63,15 +74,66 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
     total = sum(indexes[n].count for n in names)
     if total > MAX_OBJECTS:
         return Check(False, "too-large", total)
-    listed = _stock_objects(gitdir, env, wants, haves)
-    if listed is None:
+    walk = _stock_objects(gitdir, env, wants, haves)
+    if walk is None:
         return Check(False, "git-failed", total)
+    listed, edges = walk
     if include_tag:
         listed |= {bytes.fromhex(t) for t, p in tags.items() if bytes.fromhex(p) in listed and t not in haves}
+    if all(o in listed for n in names for o in indexes[n].oids):
+        return Check(True, "", total)
+    return _subset(gitdir, env, packs_dir, names, indexes, listed, edges, haves, total)
+
+
+def _subset(gitdir: str, env: Mapping[str, str], packs_dir: str, names: Sequence[str], indexes: dict,
+            listed: set[bytes], edges: Sequence[str], haves: Sequence[str], total: int) -> Check:
+    """The candidate as LISTED's subset of its packs (module docstring), or "overlap"."""
+    from ..packs.packfile import OBJ_OFS_DELTA, OBJ_REF_DELTA, Pack  # startup
+    held = set()
     for n in names:
-        if not all(o in listed for o in indexes[n].oids):
-            return Check(False, "overlap", total)
-    return Check(True, "", total)
+        held.update(indexes[n].oids)
+    if not listed <= held:
+        return Check(False, "overlap", total)
+    bases: set[bytes] = set()           # left-out objects a kept delta is made on
+    try:
+        for n in names:
+            with Pack(os.path.join(packs_dir, f"pack-{n}.pack"), indexes[n]) as pack:
+                index = pack.index
+                at = {index.offset(i): index.oid(i) for i in range(index.count)}
+                for e in pack.entries():
+                    if e.oid not in listed:
+                        continue
+                    base = at.get(e.base_offset) if e.type == OBJ_OFS_DELTA else \
+                        e.base_oid if e.type == OBJ_REF_DELTA else None
+                    if base is not None and base in held and base not in listed:
+                        bases.add(base)
+    except (PackError, OSError):
+        return Check(False, "pack-error", total)
+    if bases:
+        bases -= {bytes.fromhex(h) for h in haves}
+    if bases and not bases <= _edge_objects(gitdir, env, edges, bases):
+        return Check(False, "overlap", total)
+    return Check(True, "subset", total, frozenset(listed))
+
+
+def _edge_objects(gitdir: str, env: Mapping[str, str], edges: Sequence[str], wanted: set[bytes]) -> set[bytes]:
+    """Which of WANTED the edge commits' trees (and the commits) hold."""
+    if not edges:
+        return set()
+    try:
+        res = gitexec.git(["rev-list", "--objects", "--no-walk", "--stdin"], cwd=gitdir,
+                          env=gitexec.child_env(env, GIT_DIR="."), input=("\n".join(edges) + "\n").encode(),
+                          timeout=TIMEOUT_S)
+    except gitexec.Timeout:
+        return set()
+    if not res.ok:
+        return set()
+    found = set()
+    for line in res.stdout.splitlines():
+        oid = bytes.fromhex(line.split(b" ", 1)[0].decode())
+        if oid in wanted:
+            found.add(oid)
+    return found
 
 
 def may_be_ready(history, wants: Sequence[str], haves: Sequence[str], tags: Mapping[str, str]) -> bool:
@@ -232,13 +294,14 @@ class _Commits:
 
 
 def _stock_objects(gitdir: str, env: Mapping[str, str], wants: Sequence[str],
-                   haves: Sequence[str]) -> Optional[set[bytes]]:
+                   haves: Sequence[str]) -> Optional[tuple[set[bytes], list[str]]]:
     """The objects `rev-list --objects WANTS --not HAVES` lists (haves this
-    repository lacks left out, as stock ignores them); None when git fails,
-    takes too long, or the list is too long."""
+    repository lacks left out, as stock ignores them), and the edge commits
+    (`--objects-edge`: excluded commits next to listed ones); None when git
+    fails, takes too long, or the list is too long."""
     lines = list(wants) + [f"^{h}" for h in haves]
     try:
-        res = gitexec.git(["rev-list", "--objects", "--ignore-missing", "--stdin"], cwd=gitdir,
+        res = gitexec.git(["rev-list", "--objects-edge", "--ignore-missing", "--stdin"], cwd=gitdir,
                           env=gitexec.child_env(env, GIT_DIR="."), input=("\n".join(lines) + "\n").encode(),
                           timeout=TIMEOUT_S)
     except gitexec.Timeout:
@@ -246,8 +309,12 @@ def _stock_objects(gitdir: str, env: Mapping[str, str], wants: Sequence[str],
     if not res.ok:
         return None
     out: set[bytes] = set()
+    edges: list[str] = []
     for line in res.stdout.splitlines():
+        if line.startswith(b"-"):
+            edges.append(line[1:].decode())
+            continue
         out.add(bytes.fromhex(line.split(b" ", 1)[0].decode()))
         if len(out) > MAX_OBJECTS:
             return None
-    return out
+    return out, edges

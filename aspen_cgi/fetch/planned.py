@@ -36,8 +36,17 @@ def prepare(packs_dir: str, plan: Plan, indexes: Optional[Mapping[str, PackIndex
     pack name; OID_LEN: the repository's hash (32 for SHA-256). Raises
     PackError or OSError (a pack removed since planning) before any byte."""
     thin = plan.thin or tuple(v != 1 for v in plan.versions)
-    indexes = indexes or {}
-    return plan_splice((Extent(os.path.join(packs_dir, f"pack-{name}.pack"), index=indexes.get(name), thin=t)
+    indexes = dict(indexes or {})
+    only = plan.only
+    if only is not None:
+        for name in plan.packs:
+            if name and name not in indexes:
+                indexes[name] = PackIndex.load(os.path.join(packs_dir, f"pack-{name}.idx"))
+
+    def include(name: str) -> Optional[frozenset[bytes]]:
+        return None if only is None else frozenset(o for o in indexes[name].oids if o in only)
+    return plan_splice((Extent(os.path.join(packs_dir, f"pack-{name}.pack"), index=indexes.get(name), thin=t,
+                               include=include(name))
                         for name, t in zip(plan.packs, thin) if name), oid_len)
 
 

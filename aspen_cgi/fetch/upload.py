@@ -573,7 +573,9 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
                               req.has_capability("include-tag"), history.indexes)
     ctx.trace.update(checked=verdict.why or "ok",
                      check_us=round((time.perf_counter() - t0 - walked) * 1e6))
-    return candidate if verdict.ok else refused
+    if not verdict.ok:
+        return refused
+    return candidate if verdict.only is None else replace(candidate, only=verdict.only)
 
 
 def _visibility(ctx, snap: RefSnapshot):
@@ -604,7 +606,7 @@ def _span(ctx, store, history, result, splice):
     smaller (packs/spanpack.py): (splice, plan) to send; (GitAnswers, plan)
     when a pack became unusable meanwhile."""
     from ..packs import spanpack  # startup
-    if not spanpack.worth(result.thin, result.packs, splice.size):
+    if result.only is not None or not spanpack.worth(result.thin, result.packs, splice.size):
         return splice, result
     k = spanpack.key(result.packs)
     name = spanpack.recorded(store.packs_dir, k)

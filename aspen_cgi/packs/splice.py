@@ -141,10 +141,6 @@ class SplicePlan:
             if pack.trailer_len != self.oid_len:
                 raise PackError(f"{pack.path}: ids of {pack.trailer_len} bytes in a splice of {self.oid_len}")
             oids = pack.index.oids
-            if ext.thin and n + 1 < len(extents):
-                own = set(oids)
-                assumed.update(e.base_oid for e in pack.entries()
-                               if e.type == OBJ_REF_DELTA and e.base_oid not in own and e.base_oid not in seen)
             drop: set[bytes] = set()
             if ext.include is not None:
                 missing = ext.include.difference(oids)
@@ -153,6 +149,11 @@ class SplicePlan:
                                     f"the pack (e.g. {min(missing).hex()})")
                 drop = set(oids).difference(ext.include)
                 self.excluded += len(drop)
+            if ext.thin and n + 1 < len(extents):
+                own = set(oids)
+                assumed.update(e.base_oid for e in pack.entries()
+                               if e.type == OBJ_REF_DELTA and e.base_oid not in own and e.base_oid not in seen
+                               and e.oid not in drop)
             dups = seen.intersection(oids) if seen else set()
             if assumed:
                 dups |= assumed.intersection(oids)

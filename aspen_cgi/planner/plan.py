@@ -148,6 +148,7 @@ class Plan:
     lookups: int = 0
     held: tuple[str, ...] = ()         # boundary commits proved in the client's closure
     holders: tuple[int, ...] = ()      # versions needed only to hold a boundary commit not proved held
+    only: Optional[frozenset[bytes]] = None   # send only these objects of the packs (a checked candidate's subset)
 
     @property
     def spans(self) -> tuple[tuple[int, int], ...]:

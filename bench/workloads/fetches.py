@@ -33,7 +33,7 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
     Server CPU (`server_cpu_s`, seconds per fetch, median over repetitions): the
     CPU of the target's server tree (gunicorn master, workers and their
     children; live threads in ns, reaped children in clock ticks) measured
-    around the timed fetch and around params cpu_fetches (default 4, quick 2)
+    around the timed fetch and around params cpu_fetches (default 12, quick 2)
     more fetches of the same commit by copies of the client as it was before
     the fetch, divided by the number of fetches (1 + cpu_fetches), so the
     10 ms tick of reaped children weighs less. A target that builds version
@@ -41,7 +41,7 @@ def warm_fetch(ctx: WorkloadContext) -> list[Measurement]:
     `packs_wait_ms`), so the fetch is served from it and the build's CPU is
     not the fetch's."""
     reps = int(ctx.param("reps", 7, quick=3))
-    extra = max(0, int(ctx.param("cpu_fetches", 4, quick=2)))
+    extra = max(0, int(ctx.param("cpu_fetches", 12, quick=2)))
     state = {}
     for t in ctx.targets:
         d = ctx.workdir / "warm-fetch" / t.name
