@@ -237,6 +237,9 @@ class StoreHistory:
         index = self.indexes.get(name)
         if index is None:
             index = self.indexes[name] = PackIndex.load(os.path.join(self.store.packs_dir, f"pack-{name}.idx"))
+        if index.count < len(oids):       # a small pack against many names (include-tag's peeled objects)
+            wanted = oids if isinstance(oids, (set, frozenset)) else set(oids)
+            return frozenset(h for h in (o.hex() for o in index.oids) if h in wanted)
         return frozenset(o for o in oids if bytes.fromhex(o) in index)
 
     def all_packs_built(self) -> bool:

@@ -43,6 +43,7 @@ from ..git import gitexec
 from ..packs.packfile import PackError, PackIndex
 
 MAX_OBJECTS = 200_000
+SUBSET_MAX = 20_000       # objects in a candidate's packs that may be sent as a subset (their headers are read)
 MAX_WALK = 20_000         # commits read to decide whether stock would be ready
 TIMEOUT_S = 10.0
 
@@ -57,14 +58,21 @@ class Check:
 
 def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[str], wants: Sequence[str],
           haves: Sequence[str], tags: Mapping[str, str], include_tag: bool,
-          indexes: Optional[dict] = None) -> Check:
+          indexes: Optional[dict] = None, partial: bool = False) -> Check:
     """Whether the packs named PACKS hold only objects stock's answer to
     WANTS and HAVES holds, in a round stock ends (the caller settled that:
     `done`, or may_be_ready() and stock_ready()); TAGS: annotated tag -> its
     peeled object. INDEXES: pack name -> loaded PackIndex, kept for the
-    splice."""
+    splice. PARTIAL: the packs surely hold more (the import pack, a have's
+    commit): only the subset is looked for, and not in packs of over
+    SUBSET_MAX objects (counted from their indexes' sizes, before any is read)."""
     indexes = indexes if indexes is not None else {}
     names = [n for n in packs if n]
+    if partial:
+        counted = sum(indexes[n].count if n in indexes else _idx_count(os.path.join(packs_dir, f"pack-{n}.idx"))
+                      for n in names)
+        if counted > SUBSET_MAX:
+            return Check(False, "too-large", counted)
     try:
         for n in names:
             if n not in indexes:
@@ -80,9 +88,21 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
     listed, edges = walk
     if include_tag:
         listed |= {bytes.fromhex(t) for t, p in tags.items() if bytes.fromhex(p) in listed and t not in haves}
-    if all(o in listed for n in names for o in indexes[n].oids):
+    if not partial and all(o in listed for n in names for o in indexes[n].oids):
         return Check(True, "", total)
+    if total > SUBSET_MAX:
+        return Check(False, "overlap", total)
     return _subset(gitdir, env, packs_dir, names, indexes, listed, edges, haves, total)
+
+
+def _idx_count(path: str) -> int:
+    """Objects a version 2 `.idx` of this size indexes (SHA-1; large offsets
+    make it a slight overcount); a missing index counts as none."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return 0
+    return max(0, (size - 8 - 256 * 4 - 2 * 20) // 28)
 
 
 def _subset(gitdir: str, env: Mapping[str, str], packs_dir: str, names: Sequence[str], indexes: dict,
@@ -99,10 +119,11 @@ def _subset(gitdir: str, env: Mapping[str, str], packs_dir: str, names: Sequence
         for n in names:
             with Pack(os.path.join(packs_dir, f"pack-{n}.pack"), indexes[n]) as pack:
                 index = pack.index
-                at = {index.offset(i): index.oid(i) for i in range(index.count)}
-                for e in pack.entries():
-                    if e.oid not in listed:
-                        continue
+                at: dict[int, bytes] = {}
+                for oid in listed.intersection(index.oids):
+                    e = pack.entry(oid)
+                    if e.type == OBJ_OFS_DELTA and not at:
+                        at = {index.offset(i): index.oid(i) for i in range(index.count)}
                     base = at.get(e.base_offset) if e.type == OBJ_OFS_DELTA else \
                         e.base_oid if e.type == OBJ_REF_DELTA else None
                     if base is not None and base in held and base not in listed:

@@ -570,7 +570,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
     if candidate is None:
         return refused
     verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, candidate.packs, req.wants, req.haves, tags,
-                              req.has_capability("include-tag"), history.indexes)
+                              req.has_capability("include-tag"), history.indexes, candidate.partial)
     ctx.trace.update(checked=verdict.why or "ok",
                      check_us=round((time.perf_counter() - t0 - walked) * 1e6))
     if not verdict.ok:

@@ -149,6 +149,7 @@ class Plan:
     held: tuple[str, ...] = ()         # boundary commits proved in the client's closure
     holders: tuple[int, ...] = ()      # versions needed only to hold a boundary commit not proved held
     only: Optional[frozenset[bytes]] = None   # send only these objects of the packs (a checked candidate's subset)
+    partial: bool = False              # a candidate whose packs surely hold more than git sends: only a subset may go
 
     @property
     def spans(self) -> tuple[tuple[int, int], ...]:
@@ -244,13 +245,17 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
            or _exact(req, tags or {}, walk))
     if why == UNPROVED:
         if 1 in walk.needed:
-            return count.fallback(why, "import")
+            return count.fallback(why, "import", Candidate(lambda: _partial(walk.plan())))
         return count.fallback(why, "held", Candidate(lambda: _candidate(req, tags or {}, walk, visible)))
     if why == EXTRA_OBJECTS:
-        # not for a clone: the import pack holds what later deletes left behind, and the check
-        # (a walk of the whole repository, 26-51 ms in random-fetch) then always fails
-        return count.fallback(why, candidate=Candidate(walk.plan) if req.haves and 1 not in walk.needed else None)
+        # for a clone, or with the import pack (what later deletes left behind): only as a subset
+        whole = bool(req.haves) and 1 not in walk.needed
+        return count.fallback(why, candidate=Candidate(walk.plan if whole else lambda: _partial(walk.plan())))
     return count.fallback(why) if why else walk.plan()
+
+
+def _partial(made: Optional[Plan]) -> Optional[Plan]:
+    return replace(made, partial=True) if made is not None else None
 
 
 def _candidate(req: FetchRequest, tags: Mapping[str, str], walk: "_Walk",
@@ -260,15 +265,16 @@ def _candidate(req: FetchRequest, tags: Mapping[str, str], walk: "_Walk",
     import version or another reason refuses it. It is complete, but may
     send objects the client has: the caller checks it against git's own
     object walk before it is sent (plancheck.py)."""
-    if walk.resends_a_have():                   # it only grows with the walk: refused already
-        return None
     walk.hold_rule = False
     walk.work.extend(sorted(walk.needed))       # an early stop may have left boundaries unvisited
     why = (walk.discharge() or _include_tags(req, tags, walk)
            or (walk.invisible(visible) if visible is not None else None))
-    if why or 1 in walk.needed or walk.resends_a_have():
+    if why:
         return None
-    return walk.plan()
+    made = walk.plan()
+    if made is not None and (1 in walk.needed or walk.resends_a_have()):
+        return _partial(made)       # its packs hold a have's commit or the import: only git's listing of them
+    return made
 
 
 def _request_reason(req: FetchRequest, advertised: frozenset[str]) -> Optional[str]:
