@@ -101,15 +101,19 @@ def test_a_candidate_without_objects_the_client_has_passes_and_completes_it(root
     h.fsck_strict(str(client))
 
 
-def test_a_candidate_resending_a_rewritten_tree_is_sent_as_gits_listing(root, server, tmp_path):
-    """The subset: exactly the objects git's walk lists, spliced from the
-    candidate's packs; a client holding the haves ends complete with them."""
+def test_a_candidate_resending_a_rewritten_tree_is_refused_unless_partial(root, server, tmp_path):
+    """Refused as it stands (its packs would resend the tree); as a partial
+    candidate, the subset: exactly the objects git's walk lists, spliced
+    from the candidate's packs; a client holding the haves ends complete."""
     from dataclasses import replace
     from aspen_cgi.fetch import planned
     repo, _, a2, haves = _history(root, server, tmp_path, rewrite=True)
     store, refused = _refused(repo, a2, haves)
     candidate = refused.candidate.plan()
-    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, candidate.packs, [a2], haves, {}, True)
+    whole = plancheck.check(str(repo), dict(os.environ), store.packs_dir, candidate.packs, [a2], haves, {}, True)
+    assert (whole.ok, whole.why) == (False, "overlap"), whole
+    verdict = plancheck.check(str(repo), dict(os.environ), store.packs_dir, candidate.packs, [a2], haves, {}, True,
+                              partial=True)
     assert (verdict.ok, verdict.why) == (True, "subset"), verdict
     listing = h.out("rev-list", "--objects", a2, *[f"^{x}" for x in haves], cwd=str(repo)).splitlines()
     assert verdict.only == frozenset(bytes.fromhex(line.split()[0]) for line in listing)
@@ -161,7 +165,7 @@ def test_a_subset_whose_delta_needs_a_base_the_client_may_lack_is_refused(tmp_pa
     assert (held.ok, held.why, held.only) == (True, "subset", frozenset(only)), held
 
 
-def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_as_its_subset(root, server_factory, tmp_path):
+def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_goes_to_git(root, server_factory, tmp_path):
     for rewrite in (False, True):
         where = tmp_path / ("rewrite" if rewrite else "fresh")
         r = where / "root"
@@ -179,6 +183,37 @@ def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_as_its_subset(ro
         assert h.out("rev-parse", "refs/heads/a", cwd=str(client)) == a2
         last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
         if rewrite:
-            assert "plan=planned" in last and "checked=subset" in last, last
+            assert "plan=fallback" in last and "checked=overlap" in last, last
         else:
             assert "plan=planned" in last and "checked=ok" in last, last
+
+
+def test_a_client_behind_the_import_gets_gits_listing_of_the_import_pack(root, server_factory, tmp_path):
+    """A client three commits behind the imported main, fetching a later push:
+    the proof needs the import version (partial), and git's listing of the
+    import and push packs is sent: planned, checked=subset, fsck clean."""
+    repo = pk.enable_push(root / "repo.git")
+    work = tmp_path / "work"
+    h.git("clone", "-q", str(repo), str(work))
+    text = "".join(f"line {i} of a long file\n" for i in range(400))
+    for i in range(4):
+        (work / "big.txt").write_text(text + f"edit {i}\n" * (i + 1))
+        pk.commit(work, f"edit {i}", name="small.txt")
+    h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    client = tmp_path / "client.git"
+    h.git("clone", "-q", "--bare", "--single-branch", "--branch", "main", "--no-tags", str(repo), str(client))
+    h.git("update-ref", "refs/heads/main", "main~3", cwd=str(client))
+    h.git("reflog", "expire", "--expire=now", "--all", cwd=str(client))
+    h.git("gc", "-q", "--prune=now", cwd=str(client))
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off")
+    _built(repo)
+    h.git("remote", "set-url", "origin", server.url + "/repo.git", cwd=str(work))
+    pk.commit(work, "after the import", name="after.txt")
+    pk.push(work, "origin", "HEAD:main")
+    h.wait_packs_built(repo)
+    h.git("remote", "add", "aspen", server.url + "/repo.git", cwd=str(client))
+    h.git("-c", "protocol.version=2", "fetch", "-q", "aspen", "+refs/heads/main:refs/heads/main", cwd=str(client))
+    h.fsck_strict(str(client))
+    assert h.out("rev-parse", "refs/heads/main", cwd=str(client)) == pk.rev(repo, "refs/heads/main")
+    last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
+    assert "plan=planned" in last and "checked=subset" in last, last

@@ -71,13 +71,15 @@ its peeled object; a version proved so adds its boundary to that closure),
 else EXTRA_OBJECTS; and, when some refs are hidden from the client
 (hideRefs, a namespace), no needed version wrote one (INVISIBLE_REF).
 
-Candidates: a fallback for the cost rule (UNPROVED "held") or for
-EXTRA_OBJECTS carries the plan it refused (walked when first asked for),
-when one exists without the import version: complete, but its packs may
-hold objects the client has or stock would not send. The service sends it only once git's own object walk
-for the same wants and haves (`rev-list --objects`, plancheck.py) lists
-every object of its packs: then the client ends with exactly stock's
-objects, and no object twice.
+Candidates: a fallback for the cost rule (UNPROVED "held" or "import")
+or for EXTRA_OBJECTS carries the plan it refused (walked when first asked
+for): complete, but its packs may hold objects the client has or stock
+would not send. The service sends it only once git's own object walk for
+the same wants and haves (`rev-list --objects`, plancheck.py) lists every
+object of its packs, or as that listing's subset of them: then the client
+ends with exactly stock's objects, and no object twice. A candidate that
+needs the import version or resends a have's commit (or an extra-objects
+plan for a clone) is `partial`: only the subset is looked for.
 
 A full clone (no haves) of every ref value of the latest version N is the
 import pack, then segment packs and version packs partitioning versions
@@ -261,10 +263,10 @@ def _partial(made: Optional[Plan]) -> Optional[Plan]:
 def _candidate(req: FetchRequest, tags: Mapping[str, str], walk: "_Walk",
                visible: Optional[Callable[[str], bool]]) -> Optional[Plan]:
     """The plan the cost rule refused: the walk finished without it (every
-    holder needed, as for a client without haves), None when that needs the
-    import version or another reason refuses it. It is complete, but may
-    send objects the client has: the caller checks it against git's own
-    object walk before it is sent (plancheck.py)."""
+    holder needed, as for a client without haves), None when another reason
+    refuses it; partial when it needs the import version or resends a have's
+    commit. It is complete, but may send objects the client has: the caller
+    checks it against git's own object walk before it is sent (plancheck.py)."""
     walk.hold_rule = False
     walk.work.extend(sorted(walk.needed))       # an early stop may have left boundaries unvisited
     why = (walk.discharge() or _include_tags(req, tags, walk)
