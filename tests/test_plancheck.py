@@ -217,3 +217,13 @@ def test_a_client_behind_the_import_gets_gits_listing_of_the_import_pack(root, s
     assert h.out("rev-parse", "refs/heads/main", cwd=str(client)) == pk.rev(repo, "refs/heads/main")
     last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
     assert "plan=planned" in last and "checked=subset" in last, last
+
+
+def test_an_import_pack_too_large_for_a_subset_is_known_from_its_index_size(tmp_path):
+    fixed = 8 + 256 * 4 + 2 * 20
+    (tmp_path / "pack-big.idx").write_bytes(b"\0" * (fixed + 28 * (plancheck.SUBSET_MAX + 1)))
+    (tmp_path / "pack-small.idx").write_bytes(b"\0" * (fixed + 28 * 100))
+    assert plancheck.import_too_large(str(tmp_path), "big")
+    assert not plancheck.import_too_large(str(tmp_path), "small")
+    assert not plancheck.import_too_large(str(tmp_path), None)
+    assert not plancheck.import_too_large(str(tmp_path), "gone")

@@ -99,6 +99,13 @@ def check(gitdir: str, env: Mapping[str, str], packs_dir: str, packs: Sequence[s
     return _subset(gitdir, env, packs_dir, names, indexes, listed, edges, haves, total)
 
 
+def import_too_large(packs_dir: str, import_pack: Optional[str]) -> bool:
+    """A partial candidate that needs the import pack IMPORT_PACK cannot be a
+    subset when that pack alone holds over SUBSET_MAX objects: known from its
+    index's size, before any walk (git.git's holds 367,255)."""
+    return bool(import_pack) and _idx_count(os.path.join(packs_dir, f"pack-{import_pack}.idx")) > SUBSET_MAX
+
+
 def _idx_count(path: str) -> int:
     """Objects a version 2 `.idx` of this size indexes (SHA-1; large offsets
     make it a slight overcount); a missing index counts as none."""

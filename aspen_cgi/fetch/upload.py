@@ -560,6 +560,12 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
     walk counts as planning time)."""
     from . import plancheck  # startup
     t0 = time.perf_counter()
+    from ..planner.plan import EXTRA_OBJECTS  # startup
+    if refused.detail == "import" or (refused.reason == EXTRA_OBJECTS and not req.haves):
+        imported = history.pack_of(1)
+        if plancheck.import_too_large(store.packs_dir, imported.name if imported is not None else None):
+            ctx.trace.update(checked="too-large")
+            return refused
     tags = _annotated_tags(ctx, _snapshot(ctx))
     if not req.done and not _stock_ends(ctx, req, history, tags):
         return refused
