@@ -281,19 +281,27 @@ class LooseWrite:
                 return False
         return True
 
-    def prepare(self, changes: Sequence[RefChange]) -> bool:
+    def prepare(self, changes: Sequence[RefChange], claim=None) -> bool:
+        """Take every change's lock and check its old value under it. With
+        CLAIM (reflocks.Claim) each lock is first written under its side
+        name and claimed, then linked into place, so that a writer killed at
+        any point leaves no lock the next push cannot remove."""
         if not self._eligible(changes):
             return False
         try:
             for c in sorted(changes, key=lambda c: c.ref):
                 path = self._path(c.ref)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                self.locks.append((path + ".lock", path))
-                try:
-                    os.write(fd, (c.new + "\n").encode())
-                finally:
-                    os.close(fd)
+                if claim is None:
+                    fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                    self.locks.append((path + ".lock", path))
+                    try:
+                        os.write(fd, (c.new + "\n").encode())
+                    finally:
+                        os.close(fd)
+                elif not self._claimed_lock(path, c.new, claim):
+                    self.close()
+                    return False
                 current = self._current(c.ref, path)
                 if c.old is not None and current != c.old and not (is_null(current) and is_null(c.old)):
                     self.close()
@@ -302,6 +310,29 @@ class LooseWrite:
             self.close()
             return False
         return True
+
+    def _claimed_lock(self, path: str, new: str, claim) -> bool:
+        side = claim.side_name(path)
+        fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            try:
+                os.write(fd, (new + "\n").encode())
+                ino = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            if not claim.add(ino, path + ".lock", side):
+                return False
+            try:
+                os.link(side, path + ".lock")
+            except FileExistsError:
+                return False
+            self.locks.append((path + ".lock", path))
+            return True
+        finally:
+            try:
+                os.unlink(side)
+            except OSError:
+                pass
 
     def _current(self, ref: str, path: str) -> Optional[str]:
         if os.path.isfile(path):

@@ -370,12 +370,13 @@ class RefStore:
         if not changes:
             return None
         tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
-        held: Optional[str] = None
+        held: Optional[reflocks.Claim] = None
         if fast:
             tx = diskrefs.LooseWrite(self.gitdir)
-            if tx.prepare(changes):
-                held = reflocks.claim(os.path.dirname(self.path), [lock for lock, _ in tx.locks])
-            else:
+            held = reflocks.Claim(os.path.dirname(self.path))
+            if not tx.prepare(changes, held):
+                held.release()
+                held = None
                 tx = None
         if tx is None:
             tx = diskrefs.UpdateRef(self.gitdir, self.env)
@@ -412,7 +413,8 @@ class RefStore:
             return None
         finally:
             tx.close()
-            reflocks.release(held)
+            if held is not None:
+                held.release()
 
     def _insert(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                 tried: list[tuple[str, int]]) -> int:
