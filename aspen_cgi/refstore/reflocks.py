@@ -32,7 +32,6 @@ class Claim:
     def __init__(self, state_dir: str):
         self.path: Optional[str] = os.path.join(state_dir, DIR, f"{owner_id()}+{threading.get_ident()}")
         self.side = f".aspen-{os.getpid()}-{threading.get_ident()}.lock"
-        self.lines: list[str] = []
 
     def side_name(self, ref_path: str) -> str:
         return ref_path + self.side
@@ -41,11 +40,10 @@ class Claim:
         """Record LOCK (and its side name) as this thread's; False when the claim cannot be written."""
         if self.path is None:
             return False
-        self.lines.append(f"{ino} {lock}\n{ino} {side}\n")
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(self.path, "w") as f:
-                f.writelines(self.lines)
+            with open(self.path, "a") as f:      # a line cut short by a kill names no file of that inode
+                f.write(f"{ino} {lock}\n{ino} {side}\n")
         except OSError:
             return False
         return True
