@@ -251,14 +251,19 @@ def test_a_wide_pack_not_smaller_keeps_stocks(root, tmp_path, server_factory):
     assert _stats(repo)["depth1_kept"] == 1
 
 
-def test_aspen_import_prewarms_the_first_depth1_clone(groot, tmp_path, server_factory):
+@pytest.mark.parametrize("server_config", [{}, {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.receivepack",
+                                                 "GIT_CONFIG_VALUE_0": "true"}], ids=["same", "receivepack"])
+def test_aspen_import_prewarms_the_first_depth1_clone(groot, tmp_path, server_factory, server_config):
+    """The server's own configuration may differ from the importing shell's
+    where it cannot change an upload-pack answer (http.receivepack set in
+    the server's environment only): its first clone still hits."""
     repo = groot / "repo.git"
     res = aspen_cli("import", "-q", str(repo))
     assert res.returncode == 0, res.stderr
     # `git clone --depth 1` and `--branch main`: both computed wide, nobody waiting
     _wait("the pre-warmed entries", lambda: [p for p in _cache(groot).glob("*.entry")
                                              if _state(p) == DEPTH1_WIDE][1:])
-    aspen = server_factory(groot, **_env(tmp_path))
+    aspen = server_factory(groot, **_env(tmp_path), **server_config)
     _clone(f"{aspen.url}/repo.git", tmp_path / "first", repo)
     [line] = _settled(aspen, 1)
     assert (line["cache"], line["depth1"]) == ("hit", "wide"), line

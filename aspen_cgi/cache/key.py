@@ -4,7 +4,10 @@ or the disk; the ref-store version rides along for eviction), and the
 normalised request (every line as sent, less the client's
 agent and session id), with everything else that changes the answer's
 bytes: protocol version, namespace, configuration, shallow roots. Never the
-user."""
+user. Configuration that cannot change upload-pack's bytes is left out
+(UNUSED_SECTIONS: http-backend's service switches, receive-pack's settings,
+identities), so that `aspen import`'s pre-warm, run from a shell without the
+server's `http.receivepack`, fills the entries the server reads."""
 
 from __future__ import annotations
 
@@ -16,6 +19,12 @@ from typing import Iterable, Optional
 from ..protocol.pktline import ProtocolError, parse
 
 _DROPPED = (b"agent=", b"session-id=")
+UNUSED_SECTIONS = frozenset({"http", "receive", "user"})
+
+
+def answer_config(entries: Iterable[tuple[str, object]]) -> tuple:
+    """The configuration entries (lower-cased section first) that may change upload-pack's answer."""
+    return tuple(e for e in entries if e[0].partition(".")[0] not in UNUSED_SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,7 @@ def fetch_key(gitdir: str, version: int, refs_digest: str, protocol: int, namesp
               config_entries: Iterable, shallow: Iterable[str], extra: Iterable[str], body: bytes) -> CacheKey:
     h = hashlib.sha256()
     for part in (os.path.realpath(gitdir), str(protocol), namespace or "", refs_digest or "",
-                 repr(tuple(config_entries)), ",".join(shallow), ",".join(extra)):
+                 repr(answer_config(config_entries)), ",".join(shallow), ",".join(extra)):
         h.update(part.encode("utf-8", "surrogateescape") + b"\0")
     h.update(normalised(body))
     return CacheKey(repo_tag(gitdir), version, h.hexdigest()[:40])

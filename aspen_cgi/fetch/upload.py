@@ -370,8 +370,7 @@ def _cache_key(ctx, data: bytes):
     store = ctx.refstore()
     snap = _snapshot(ctx)
     refs_digest = _memo.get(snap, ("digest",), lambda: _digest(snap)).decode()
-    extra = [f"{k}={v}" for k, v in sorted(ctx.env.items())
-             if k.startswith("GIT_CONFIG") or k == "GIT_TEST_SIDEBAND_ALL"]
+    extra = [f"{k}={v}" for k, v in sorted(ctx.env.items()) if k == "GIT_TEST_SIDEBAND_ALL"]   # GIT_CONFIG_*: in the entries
     return fetch_key(ctx.gitdir, store.version if store is not None else 0, refs_digest, ctx.protocol_version,
                      ctx.namespace, ctx.config.entries, shallow_roots(ctx.gitdir), extra, data)
 
