@@ -126,8 +126,9 @@ class _Guard:
                 pass
 
     def done(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
 
 
 class _Guarded:

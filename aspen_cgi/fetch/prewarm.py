@@ -207,6 +207,9 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
                 pass                 # deleted or replaced: nothing to warm, nothing left behind
             except Exception as e:   # a background nicety: the server's log says why, nothing fails
                 sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
+            finally:
+                from ..refstore.store import release_thread  # startup
+                release_thread()
         threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
         return True
     child["ASPEN_PREWARM_GITDIR"] = gitdir

@@ -23,6 +23,11 @@ class Watch:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.callback = _nothing     # the request's objects are not held (nor in a cycle) until the deadline
+
+
+def _nothing() -> None:
+    pass
 
 
 class Watchdog:

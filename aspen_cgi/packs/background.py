@@ -65,6 +65,7 @@ from ..git import gitexec
 from .. import settings
 from ..runtime.owners import owner_alive, owner_id
 from ..refstore.guarded import open_store
+from ..refstore.store import release_thread
 from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident
 from ..runtime.statedir import state_dir
 
@@ -403,3 +404,5 @@ def _build(gitdir: str, env: Mapping[str, str]) -> None:
         build(store, background_search(), guard=guard)
     except Exception as e:  # noqa: BLE001  (a failed build leaves the version to git; say why)
         sys.stderr.write(f"aspen: building packs for {gitdir} failed: {e}\n")
+    finally:
+        release_thread()

@@ -124,6 +124,24 @@ def _connection(path: str) -> db.Conn:
     return conn
 
 
+def release_thread() -> None:
+    """Close the connections this thread opened, as it ends (a builder's): one
+    left to the thread's end is freed by the cycle collector only, its
+    statements with it, in a pause of whichever request runs then. One whose
+    file was deleted or replaced meanwhile is left open (closing deletes the
+    write-ahead log by name)."""
+    conns = getattr(_local, "conns", None)
+    if conns is None or getattr(_local, "pid", None) != os.getpid():
+        return
+    for path, (conn, ident) in list(conns.items()):
+        if ident is not None and _file_id(path) == ident:
+            try:
+                conn.close()
+            except db.Error:
+                continue
+            del conns[path]
+
+
 class RefStore:
     def __init__(self, gitdir: str, env: Mapping[str, str], conn: db.Conn, path: str):
         self.gitdir = gitdir
