@@ -612,16 +612,26 @@ def value_row_at(conn: Conn, ref: str, version: int) -> tuple[Optional[str], Opt
     return (None if row[0] == ZERO else row[0]), row[1]
 
 
-def update_ff(conn: Conn, ref: str, version: int) -> Optional[bool]:
-    """The ff flag of REF's update in VERSION, None when VERSION left REF alone."""
-    row = conn.execute("SELECT ff FROM updates WHERE ref = ? AND version = ?", (ref, version)).fetchone()
-    return None if row is None else bool(row[0])
-
-
-def segment_ff(conn: Conn, level: int, idx: int, ref: str) -> Optional[bool]:
-    row = conn.execute("SELECT all_ff FROM segment_refs WHERE level = ? AND idx = ? AND ref = ?",
-                       (level, idx, ref)).fetchone()
-    return None if row is None else bool(row[0])
+def ff_flags(conn: Conn, ref: str, versions: Sequence[int],
+             nodes: Sequence[tuple[int, int]]) -> tuple[dict[int, bool], dict[tuple[int, int], bool]]:
+    """The fast-forward flag of REF's update in each of VERSIONS, and its
+    all-fast-forward flag in each segment node of NODES (level, idx), in one
+    query each; a version or node that left REF alone is absent."""
+    updates: dict[int, bool] = {}
+    segs: dict[tuple[int, int], bool] = {}
+    for i in range(0, len(versions), 500):
+        part = list(versions[i:i + 500])
+        for v, ff in conn.execute(f"SELECT version, ff FROM updates WHERE ref = ? AND version IN"
+                                  f" ({','.join('?' * len(part))})", [ref, *part]):
+            updates[v] = bool(ff)
+    for i in range(0, len(nodes), 250):
+        part = nodes[i:i + 250]
+        pairs = ",".join("(?, ?)" for _ in part)
+        for level, idx, ff in conn.execute(f"SELECT level, idx, all_ff FROM segment_refs WHERE ref = ? AND"
+                                           f" (level, idx) IN (VALUES {pairs})",
+                                           [ref, *(x for node in part for x in node)]):
+            segs[(level, idx)] = bool(ff)
+    return updates, segs
 
 
 def tips_of(conn: Conn, commit: str) -> list[tuple[int, str]]:

@@ -684,16 +684,18 @@ class RefStore:
             nv = ns = 0
             ok = vj is not None and vk is not None and j <= k
             if ok:
-                for level, idx in segments.cover(j + 1, k, through):
-                    if level == 0:
-                        nv += 1
-                        read.append(idx + 1)
-                        flag = db.update_ff(conn, ref, idx + 1)
-                    else:
-                        ns += 1
-                        nodes.append((level, idx))
-                        flag = db.segment_ff(conn, level, idx, ref)
-                    if flag is False:
+                pieces = segments.cover(j + 1, k, through)
+                # the first piece alone (a rewrite right after J ends it there), then the rest at once
+                for part in (pieces[:1], pieces[1:]):
+                    singles = [idx + 1 for level, idx in part if level == 0]
+                    some = [(level, idx) for level, idx in part if level > 0]
+                    if not part:
+                        continue
+                    nv, ns = nv + len(singles), ns + len(some)
+                    read.extend(singles)
+                    nodes.extend(some)
+                    updates, segs = db.ff_flags(conn, ref, singles, some)
+                    if False in updates.values() or False in segs.values():
                         ok = False
                         break
         return AncestryAnswer(ref, j, k, ok, vj, vk, Visits(nv, ns, tuple(sorted(set(read))), tuple(nodes)))
