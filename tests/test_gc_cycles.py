@@ -86,7 +86,9 @@ def test_requests_leave_no_cyclic_garbage(served, root):
     assert _garbage_of([advert, refs, clone]) == 0
 
 
-def test_a_threads_store_connections_are_closed_as_it_ends(root):
+def _store_in_a_thread(root: Path, before_release=lambda store: None) -> sqlite3.Connection:
+    """A builder thread's store: opened and synced, BEFORE_RELEASE(store), then
+    release_thread() as the thread ends; its connection."""
     from aspen_cgi.refstore import store as refstore
     seen = {}
 
@@ -94,29 +96,26 @@ def test_a_threads_store_connections_are_closed_as_it_ends(root):
         s = refstore.RefStore.open(str(root / "repo.git"), h.BASE_ENV)
         s.sync()
         seen["conn"] = s.conn
+        before_release(s)
         refstore.release_thread()
 
     t = threading.Thread(target=builder)
     t.start()
     t.join()
+    return seen["conn"]
+
+
+def test_a_threads_store_connections_are_closed_as_it_ends(root):
+    conn = _store_in_a_thread(root)
     with pytest.raises(sqlite3.ProgrammingError):       # closed: its statement cache let go of it
-        seen["conn"].execute("SELECT 1")
+        conn.execute("SELECT 1")
 
 
 def test_a_replaced_stores_connection_is_left_open(root):
     """Closing deletes the write-ahead log by name: another repository's, once replaced."""
-    from aspen_cgi.refstore import store as refstore
-    seen = {}
+    def replace(store):
+        os.rename(store.path, store.path + ".old")
+        Path(store.path).write_bytes(b"")
 
-    def builder():
-        s = refstore.RefStore.open(str(root / "repo.git"), h.BASE_ENV)
-        s.sync()
-        seen["conn"] = s.conn
-        os.rename(s.path, s.path + ".old")
-        Path(s.path).write_bytes(b"")
-        refstore.release_thread()
-
-    t = threading.Thread(target=builder)
-    t.start()
-    t.join()
-    assert seen["conn"].execute("SELECT 1").fetchone() == (1,)
+    conn = _store_in_a_thread(root, replace)
+    assert conn.execute("SELECT 1").fetchone() == (1,)
