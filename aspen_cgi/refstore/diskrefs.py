@@ -281,10 +281,10 @@ class LooseWrite:
                 return False
         return True
 
-    def prepare(self, changes: Sequence[RefChange], claim=None) -> bool:
-        """Take every change's lock and check its old value under it. With
-        CLAIM (reflocks.Claim) each lock is first written under its side
-        name and claimed, then linked into place, so that a writer killed at
+    def prepare(self, changes: Sequence[RefChange], claim) -> bool:
+        """Take every change's lock and check its old value under it. Each
+        lock is first written under its side name and claimed in CLAIM
+        (reflocks.Claim), then linked into place, so that a writer killed at
         any point leaves no lock the next push cannot remove."""
         if not self._eligible(changes):
             return False
@@ -292,14 +292,7 @@ class LooseWrite:
             for c in sorted(changes, key=lambda c: c.ref):
                 path = self._path(c.ref)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                if claim is None:
-                    fd = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                    self.locks.append((path + ".lock", path))
-                    try:
-                        os.write(fd, (c.new + "\n").encode())
-                    finally:
-                        os.close(fd)
-                elif not self._claimed_lock(path, c.new, claim):
+                if not self._claimed_lock(path, c.new, claim):
                     self.close()
                     return False
                 current = self._current(c.ref, path)

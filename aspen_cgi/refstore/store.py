@@ -687,10 +687,10 @@ class RefStore:
                 pieces = segments.cover(j + 1, k, through)
                 # the first piece alone (a rewrite right after J ends it there), then the rest at once
                 for part in (pieces[:1], pieces[1:]):
-                    singles = [idx + 1 for level, idx in part if level == 0]
-                    some = [(level, idx) for level, idx in part if level > 0]
                     if not part:
                         continue
+                    singles = [idx + 1 for level, idx in part if level == 0]
+                    some = [(level, idx) for level, idx in part if level > 0]
                     nv, ns = nv + len(singles), ns + len(some)
                     read.extend(singles)
                     nodes.extend(some)
