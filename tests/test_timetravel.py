@@ -236,3 +236,17 @@ def test_views_through_aspen_cgi_are_never_replayed_as_today(past, cgi_server_fa
     h.git("clone", "-q", "--mirror", f"{cgi.url}/repo.git@{v}", str(client))
     h.fsck_strict(str(client))
     assert h.git("cat-file", "-e", gone, cwd=str(client), check=False).returncode == 0
+
+
+def test_a_time_written_to_the_microsecond_names_the_version_of_that_microsecond(root):
+    """A version's time written to the microsecond (as `aspen log --json`'s, rounded up) and read back
+    as a float may fall an ulp short of the stored time: it still names that version."""
+    from aspen_cgi.model.pin import PinError, parse
+    from aspen_cgi.refstore.store import RefStore
+    store = RefStore.open(str(root / "repo.git"), h.BASE_ENV)
+    assert store.sync() == 1
+    at = 1796300939.2884321                          # its microsecond read back: 1796300939.288432
+    store.conn.execute("UPDATE versions SET at = ? WHERE id = 1", (at,))
+    assert store.resolve_pin(parse("2026-12-03T12:28:59.288432Z")) == 1
+    with pytest.raises(PinError):
+        store.resolve_pin(parse("2026-12-03T12:28:59.288431Z"))
