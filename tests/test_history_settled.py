@@ -74,3 +74,44 @@ def test_a_store_made_again_at_the_same_path_is_another(tmp_path):
     again.sync()
     builder.build_packs(again)
     assert StoreHistory(again).tips(a).tips == ((1, "refs/heads/other"),)
+
+
+def test_versions_that_settle_are_read_at_once_as_one_version_reads_them(tmp_path):
+    from aspen_cgi.fetch import history
+    repo, store, a = _imported(tmp_path)
+    StoreHistory(store).tips(a)                              # this process has seen version 1 settle
+    b = _commit(repo, "b", a)
+    c = _commit(repo, "c", b)
+    h.git("update-ref", "refs/heads/other", b, cwd=str(repo))
+    store.sync()
+    h.git("update-ref", "refs/heads/main", c, cwd=str(repo))
+    h.git("update-ref", "-d", "refs/heads/other", cwd=str(repo))
+    store.sync()
+    builder.build_packs(store)
+    hist = StoreHistory(store)
+    identity = hist.identity()                               # settles versions 2 and 3 in this process
+    for v in (2, 3):
+        info = history.SHARED[(identity, "pack", v)]
+        (name, _, _), boundary = store.version_pack(v)
+        assert info == (name, tuple(boundary), store.version_refs(v))
+        assert set(history.SHARED[(identity, "values", v)]) == set(store.version_values(v))
+        assert history.SHARED[(identity, "introduced", v)] == frozenset(store.introduced_commits(v))
+    assert history.SHARED[(identity, "pack", 3)].refs == ("refs/heads/main", "refs/heads/other")
+    assert history.SHARED[(identity, "values", 3)] == (c,)   # a deletion writes no value
+    assert hist.introduced_commits(2) == frozenset({b})
+
+
+def test_the_versions_whose_boundary_holds_a_commit_follow_new_ones(tmp_path):
+    repo, store, a = _imported(tmp_path)
+    assert StoreHistory(store).bounded_by([a]) == {a: ()}
+    b = _commit(repo, "b", a)
+    h.git("update-ref", "refs/heads/main", b, cwd=str(repo))
+    store.sync()
+    assert StoreHistory(store).bounded_by([a]) == {a: ()}    # version 2 has no pack yet
+    builder.build_packs(store)
+    assert StoreHistory(store).bounded_by([a, b]) == {a: (2,), b: ()}
+    c = _commit(repo, "c", a)
+    h.git("update-ref", "refs/heads/side", c, cwd=str(repo))
+    store.sync()
+    builder.build_packs(store)
+    assert StoreHistory(store).bounded_by([a]) == {a: (2, 3)}

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -155,7 +155,13 @@ def _m7(db) -> None:
     db.conn.execute("INSERT OR IGNORE INTO state(key, value) VALUES ('chain_from', ?)", (str(latest + 1),))
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7]
+def _m8(db) -> None:
+    """The versions whose boundary holds a commit (the planner's rule 4 asks
+    about one commit, not every version a client's haves name)."""
+    db["boundaries"].create_index(["commit_oid"], if_not_exists=True)
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8]
 
 
 def schema_tools():
@@ -656,6 +662,15 @@ def introduced_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int
     return out
 
 
+def bounded_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int]]:
+    """Each of COMMITS -> the versions whose boundary holds it, oldest first."""
+    out: dict[str, list[int]] = {c: [] for c in commits}
+    for c, v in _rows_in(conn, "SELECT commit_oid, version FROM boundaries WHERE commit_oid IN (%s)"
+                               " ORDER BY commit_oid, version", list(out)):
+        out[c].append(v)
+    return out
+
+
 def introduced_by(conn: Conn, commit: str) -> list[int]:
     return [v for (v,) in conn.execute("SELECT version FROM introduced WHERE commit_oid = ? ORDER BY version",
                                        (commit,))]
@@ -780,6 +795,28 @@ def version_pack(conn: Conn, version: int) -> Optional[tuple[str, int, int]]:
     return conn.execute("SELECT name, objects, size FROM version_packs WHERE version = ?", (version,)).fetchone()
 
 
+def built_records(conn: Conn, lo: int, hi: int) -> dict[int, tuple[str, list[str], list[str], list[str], list[str]]]:
+    """Each version LO … HI that has its pack -> (pack name, boundary, refs
+    updated, values written, commits introduced), each list as the
+    one-version queries order it."""
+    out = {v: (name, [], [], [], []) for v, name in
+           conn.execute("SELECT version, name FROM version_packs WHERE version BETWEEN ? AND ?", (lo, hi))}
+    for v, c in conn.execute("SELECT version, commit_oid FROM boundaries WHERE version BETWEEN ? AND ?"
+                             " ORDER BY version, commit_oid", (lo, hi)):
+        if v in out:
+            out[v][1].append(c)
+    for v, ref, new in conn.execute("SELECT version, ref, new FROM updates WHERE version BETWEEN ? AND ?"
+                                    " ORDER BY version, ref", (lo, hi)):
+        if v in out:
+            out[v][2].append(ref)
+            if new != ZERO and new not in out[v][3]:
+                out[v][3].append(new)
+    for v, c in conn.execute("SELECT version, commit_oid FROM introduced WHERE version BETWEEN ? AND ?", (lo, hi)):
+        if v in out:
+            out[v][4].append(c)
+    return out
+
+
 def version_boundary(conn: Conn, version: int) -> list[str]:
     return [c for (c,) in conn.execute("SELECT commit_oid FROM boundaries WHERE version = ? ORDER BY commit_oid",
                                        (version,))]
@@ -793,10 +830,11 @@ def packed_through(conn: Conn) -> int:
 
 
 def commits_recorded(conn: Conn, lo: int, hi: int) -> set[str]:
-    """Every commit a tips or introduced row of versions LO … HI names."""
+    """Every commit a tips, introduced or boundaries row of versions LO … HI names."""
     return {c for (c,) in conn.execute("SELECT commit_oid FROM tips WHERE version BETWEEN ? AND ?"
-                                       " UNION SELECT commit_oid FROM introduced WHERE version BETWEEN ? AND ?",
-                                       (lo, hi, lo, hi))}
+                                       " UNION SELECT commit_oid FROM introduced WHERE version BETWEEN ? AND ?"
+                                       " UNION SELECT commit_oid FROM boundaries WHERE version BETWEEN ? AND ?",
+                                       (lo, hi, lo, hi, lo, hi))}
 
 
 # -- segment packs ------------------------------------------------------------------------------

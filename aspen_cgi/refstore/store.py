@@ -29,7 +29,7 @@ from .. import settings
 from ..runtime.statedir import state_dir
 from . import chaining, db, diskrefs, fingerprint, reflocks, segments, views
 from ..runtime.owners import fault, owner_alive, owner_id
-from ..model.versions import ZERO, is_null, AncestryAnswer, ChainReport, CloneView, CompactReport, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
+from ..model.versions import ZERO, is_null, AncestryAnswer, ChainReport, CloneView, CompactReport, PackInfo, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
 
@@ -564,6 +564,14 @@ class RefStore:
         row = db.version_pack(self.conn, version)
         return None if row is None else (row, db.version_boundary(self.conn, version))
 
+    def built_records(self, lo: int, hi: int) -> dict[int, tuple[PackInfo, tuple[str, ...], frozenset[str]]]:
+        """Each version LO … HI that has its pack -> (its PackInfo, the values
+        it wrote, the commits it introduced), in one read."""
+        with db.reading(self.conn) as conn:
+            rows = db.built_records(conn, lo, hi)
+        return {v: (PackInfo(name, tuple(boundary), tuple(refs)), tuple(values), frozenset(introduced))
+                for v, (name, boundary, refs, values, introduced) in rows.items()}
+
     # -- segment packs ---------------------------------------------------------------------------
 
     def packed_through_and_runs(self) -> tuple[int, set[tuple[int, int]]]:
@@ -717,6 +725,10 @@ class RefStore:
     def introduced_by_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
         return db.introduced_by_many(self.conn, commits)
 
+    def bounded_by_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
+        """commit -> the versions whose boundary holds it."""
+        return db.bounded_by_many(self.conn, commits)
+
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
         """commit -> (versions that introduced it, its parents), for the commits a build recorded."""
         return db.commit_facts(self.conn, commits)
@@ -735,7 +747,7 @@ class RefStore:
             return (self.path, db.first_version_at(conn)), db.packed_through(conn)
 
     def commits_recorded(self, lo: int, hi: int) -> set[str]:
-        """The commits the tips and introduced records of versions LO … HI name."""
+        """The commits the tips, introduced and boundary records of versions LO … HI name."""
         return db.commits_recorded(self.conn, lo, hi)
 
     def identity(self) -> tuple[str, float]:
