@@ -8,7 +8,8 @@ on an flock of `<file>-writer` (looked at again every few milliseconds, up
 to the caller's patience), so many concurrent pushes do not poll SQLite's
 busy handler, which sleeps up to 100 ms between tries. Schema changes are
 numbered migrations made with sqlite-utils and recorded in PRAGMA
-user_version.
+user_version; a new, empty file gets the schema they end in (SCHEMA) in
+one transaction, without sqlite-utils (tests hold the two equal).
 
 How long a busy database is waited for is the caller's patience
 (`patience()`): a request that only reads refs gives up after READ_WAIT
@@ -163,6 +164,37 @@ def _m8(db) -> None:
 
 MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8]
 
+SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_schema.py)
+    "CREATE TABLE versions (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, who TEXT, at REAL NOT NULL,"
+    " push_id TEXT, state TEXT NOT NULL, owner TEXT)",
+    "CREATE INDEX idx_versions_state ON versions (state)",
+    "CREATE TABLE updates (version INTEGER NOT NULL, ref TEXT NOT NULL, old TEXT NOT NULL, new TEXT NOT NULL,"
+    " ff INTEGER NOT NULL, type TEXT, peeled TEXT, PRIMARY KEY (ref, version))",
+    "CREATE INDEX idx_updates_version ON updates (version)",
+    "CREATE TABLE tips (commit_oid TEXT, version INTEGER, ref TEXT, PRIMARY KEY (commit_oid, version, ref))",
+    "CREATE TABLE introduced (version INTEGER, commit_oid TEXT, PRIMARY KEY (version, commit_oid))",
+    "CREATE INDEX idx_introduced_commit_oid ON introduced (commit_oid)",
+    "CREATE TABLE refs (name TEXT PRIMARY KEY, oid TEXT, symref TEXT, type TEXT, peeled TEXT, version INTEGER)",
+    "CREATE TABLE segments (level INTEGER, idx INTEGER, lo INTEGER, hi INTEGER, refs INTEGER,"
+    " PRIMARY KEY (level, idx))",
+    "CREATE TABLE segment_refs (level INTEGER, idx INTEGER, ref TEXT, first_old TEXT, last_new TEXT,"
+    " all_ff INTEGER, PRIMARY KEY (level, idx, ref))",
+    "CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT)",
+    'CREATE TABLE version_packs (version INTEGER PRIMARY KEY, name TEXT, objects INTEGER, size INTEGER,'
+    ' built_at REAL, "window" INTEGER, depth INTEGER, compression INTEGER)',
+    "CREATE TABLE boundaries (version INTEGER, commit_oid TEXT, PRIMARY KEY (version, commit_oid))",
+    'CREATE TABLE segment_packs (lo INTEGER, hi INTEGER, name TEXT, objects INTEGER, size INTEGER,'
+    ' built_at REAL, "window" INTEGER, depth INTEGER, compression INTEGER, PRIMARY KEY (lo, hi))',
+    "CREATE TABLE commit_parents (commit_oid TEXT PRIMARY KEY, parents TEXT NOT NULL, ctime INTEGER)",
+    "CREATE TABLE push_certs (version INTEGER PRIMARY KEY, blob TEXT NOT NULL, signer TEXT NOT NULL,"
+    " key TEXT NOT NULL, status TEXT NOT NULL, nonce TEXT, nonce_status TEXT NOT NULL, nonce_slop INTEGER,"
+    " cert BLOB NOT NULL)",
+    "CREATE TABLE chain (version INTEGER PRIMARY KEY, prev TEXT NOT NULL, hash TEXT NOT NULL,"
+    " start INTEGER NOT NULL, text TEXT NOT NULL)",
+    "CREATE INDEX idx_boundaries_commit_oid ON boundaries (commit_oid)",
+    "INSERT INTO state(key, value) VALUES ('chain_from', '1')",
+)
+
 
 def schema_tools():
     """sqlite_utils, imported without numpy: it imports numpy when present
@@ -182,7 +214,31 @@ def schema_tools():
     return sqlite_utils
 
 
-def _migrate(conn: Conn) -> None:
+def _create(conn: Conn) -> bool:
+    """SCHEMA into an empty file, in one transaction; False when the file
+    holds a schema already (made by another process meanwhile, or older)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        empty = (conn.execute("PRAGMA user_version").fetchone()[0] == 0
+                 and conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchone() is None)
+        if empty:
+            for statement in SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+        return empty
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _migrate(conn: Conn, fresh: bool = True) -> None:
+    """Bring the file to SCHEMA_VERSION: SCHEMA at once when it is empty
+    (FRESH; False runs every migration, as tests do), else the migrations
+    it lacks."""
+    conn.execute("PRAGMA journal_mode=WAL")
+    if fresh and _retry(lambda: _create(conn)):
+        return
     sqlite_utils = schema_tools()
 
     def run() -> None:
@@ -197,7 +253,6 @@ def _migrate(conn: Conn) -> None:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-    conn.execute("PRAGMA journal_mode=WAL")
     _retry(run)
 
 
