@@ -392,6 +392,28 @@ def test_stale_branch_haves_walked_back_on_trunk_cost_no_visit_each(tmp_path, n)
     assert p.versions_visited + p.segments_visited <= 2 * math.log2(n) + 4, (p.versions_visited, p.segments_visited)
 
 
+def test_an_open_round_stock_would_not_end_stops_at_the_first_holder(tmp_path):
+    """A client N-2 pushes behind on main: the proof holds each push's
+    parent in the push before it. In a round without `done` the service is
+    asked once, at the first holder, whether such a plan may go now; no
+    ends the walk there, not after the N-2 versions."""
+    from aspen_cgi.planner.plan import OPEN_ROUND_HOLDERS
+    n = 40
+    store, chain, _, _ = _stale_history(tmp_path / "repo.git", n, 0)
+    req = FetchRequest(version=2, wants=[chain[-1]], haves=[chain[0]], capabilities=["thin-pack", "ofs-delta"])
+    asked = []
+
+    def holders_ok(answer):
+        return lambda: asked.append(answer) or answer
+    refused = plan(req, StoreHistory(store), frozenset({chain[-1]}), holders_ok=holders_ok(False))
+    assert isinstance(refused, Fallback) and refused.reason == OPEN_ROUND_HOLDERS, refused
+    assert refused.versions_visited <= 3 and asked == [False]
+    made = plan(req, StoreHistory(store), frozenset({chain[-1]}), holders_ok=holders_ok(True))
+    assert isinstance(made, Plan) and made.versions == tuple(range(3, n + 1)) and asked == [False, True]
+    assert made.holders == tuple(range(3, n))
+    assert plan(req, StoreHistory(store), frozenset({chain[-1]})).versions == made.versions
+
+
 # -- include-tag ------------------------------------------------------------------------------------
 
 class _TagHistory:
