@@ -708,22 +708,24 @@ def tips_of_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[tuple[int
     return out
 
 
-def introduced_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int]]:
-    """introduced_by() for every one of COMMITS, one query per 500 of them."""
+def _versions_naming(conn: Conn, table: str, commits: Sequence[str]) -> dict[str, list[int]]:
+    """Each of COMMITS -> the versions of TABLE's rows that name it, oldest
+    first; one query per 500 of them."""
     out: dict[str, list[int]] = {c: [] for c in commits}
-    for c, v in _rows_in(conn, "SELECT commit_oid, version FROM introduced WHERE commit_oid IN (%s)"
+    for c, v in _rows_in(conn, f"SELECT commit_oid, version FROM {table} WHERE commit_oid IN (%s)"
                                " ORDER BY commit_oid, version", list(out)):
         out[c].append(v)
     return out
+
+
+def introduced_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int]]:
+    """introduced_by() for every one of COMMITS."""
+    return _versions_naming(conn, "introduced", commits)
 
 
 def bounded_by_many(conn: Conn, commits: Sequence[str]) -> dict[str, list[int]]:
-    """Each of COMMITS -> the versions whose boundary holds it, oldest first."""
-    out: dict[str, list[int]] = {c: [] for c in commits}
-    for c, v in _rows_in(conn, "SELECT commit_oid, version FROM boundaries WHERE commit_oid IN (%s)"
-                               " ORDER BY commit_oid, version", list(out)):
-        out[c].append(v)
-    return out
+    """Each of COMMITS -> the versions whose boundary holds it."""
+    return _versions_naming(conn, "boundaries", commits)
 
 
 def introduced_by(conn: Conn, commit: str) -> list[int]:
