@@ -477,7 +477,7 @@ class _Walk:
         (an index probe) where a have became the one ref they updated; their
         boundaries count as haves from here on (rules 1-3 and 5 use them).
         True when that added any. Reading every have's version instead
-        proved nothing more in random-fetch (116 plans where it ran) and was
+        proved nothing more in random-fetch (115 plans where it ran) and was
         most of the versions a plan visited."""
         if not self.may_widen:
             return False
