@@ -50,8 +50,8 @@ def _share_built(store: RefStore, identity: tuple[str, float], lo: int, hi: int)
 
 class _Settled:
     """One store's answers about its settled versions: those up to THROUGH,
-    each done with its pack, whose tips, introduced, boundary and parents records and
-    fast-forward flags never change. When more versions settle, the answers
+    each done with its pack, whose tips, introduced, boundary and parents
+    records and fast-forward flags never change. When more versions settle, the answers
     about each commit their records name are forgotten (a later version may
     make a commit a ref value again). Kept for every request of the process:
     the same commits (recent tips and boundaries) are asked about by fetch
@@ -89,16 +89,14 @@ class _Settled:
         with self.lock:
             if through == self.through:
                 return
+            by_commit = (self.tips, self.introduced, self.bounded, self.facts, self.times)
             if self.through < 0 or through < self.through or through - self.through > SETTLED_EVICT_MAX:
-                for table in (self.tips, self.introduced, self.bounded, self.facts, self.times, self.ancestry):
+                for table in by_commit + (self.ancestry,):
                     table.clear()
             else:
                 for c in store.commits_recorded(self.through + 1, through):
-                    self.tips.pop(c, None)
-                    self.introduced.pop(c, None)
-                    self.bounded.pop(c, None)
-                    self.facts.pop(c, None)
-                    self.times.pop(c, None)
+                    for table in by_commit:
+                        table.pop(c, None)
                 _share_built(store, identity, self.through + 1, through)
             self.through = through
 

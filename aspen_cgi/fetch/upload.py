@@ -442,9 +442,10 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
     known = all(history.introduced_by(h) for h in unknown)
     if ctx.protocol_version != 2 and not known:
         return _fallback(ctx, "unknown-have")
-    result = _plan(ctx, req, history)
+    stock_ends = _StockEnds(ctx, req, history)
+    result = _plan(ctx, req, history, None if req.done else stock_ends)
     if isinstance(result, Fallback) and result.candidate is not None:
-        result = _checked(ctx, req, store, history, result)
+        result = _checked(ctx, req, store, history, result, stock_ends)
     if isinstance(result, Fallback):
         if result.detail:
             ctx.trace["unproved"] = result.detail
@@ -507,32 +508,24 @@ def _fallback(ctx, why: str) -> GitAnswers:
     return GitAnswers(why)
 
 
-def _plan(ctx, req: FetchRequest, history):
+def _plan(ctx, req: FetchRequest, history, stock_ends: Optional["_StockEnds"]):
+    """The planner's answer; STOCK_ENDS (a round without `done`): a plan
+    holding commits it could not prove is made only when stock would end
+    the round, asked at its first holder (its time is check_us, not
+    planning's)."""
     from ..packs.packfile import PackError  # startup
     from ..planner.plan import Fallback, plan  # startup
     snap, hidden = _snapshot(ctx), _hidden(ctx)
     visible = [r for r in snap.refs if not hidden(r.name, snap.namespace_prefix + r.name)]
     advertised = frozenset({r.oid for r in visible} | {r.peeled for r in visible if r.peeled})
-    asked = [0.0]
-
-    def holders_ok() -> bool:
-        """A plan holding commits it could not prove is sent in a round
-        without `done` only when stock would end that round (_stock_ends;
-        its time is check_us, not planning's)."""
-        t = time.perf_counter()
-        try:
-            return _stock_ends(ctx, req, history, _annotated_tags(ctx, snap))
-        finally:
-            asked[0] = time.perf_counter() - t
-
     t0 = time.perf_counter()
     try:
         result = plan(req, history, advertised, _annotated_tags(ctx, snap), _visibility(ctx, snap),
-                      frozenset(r.oid for r in snap.refs if r.peeled), None if req.done else holders_ok)
+                      frozenset(r.oid for r in snap.refs if r.peeled), stock_ends)
     except (PackError, OSError) as e:
         ctx.log.append(f"aspen: stored pack index unusable ({e}); git answers\n")
         result = Fallback("pack-error")
-    micros = (time.perf_counter() - t0 - asked[0]) * 1e6
+    micros = (time.perf_counter() - t0 - (stock_ends.seconds if stock_ends else 0.0)) * 1e6
     ctx.trace.update(plan_us=round(micros), visits=f"{result.versions_visited}+{result.segments_visited}",
                      versions_visited=result.versions_visited, segments_visited=result.segments_visited,
                      lookups=result.lookups)
@@ -559,7 +552,26 @@ def _stock_ends(ctx, req: FetchRequest, history, tags: Mapping[str, str]) -> boo
     return ready
 
 
-def _checked(ctx, req: FetchRequest, store, history, refused):
+class _StockEnds:
+    """Whether stock would end this open round (_stock_ends), asked at most
+    once a request (the planner's first holder, then _checked); SECONDS:
+    how long asking took."""
+
+    def __init__(self, ctx, req: FetchRequest, history):
+        self.ctx, self.req, self.history = ctx, req, history
+        self.answer: Optional[bool] = None
+        self.seconds = 0.0
+
+    def __call__(self) -> bool:
+        if self.answer is None:
+            t0 = time.perf_counter()
+            tags = _annotated_tags(self.ctx, _snapshot(self.ctx))
+            self.answer = _stock_ends(self.ctx, self.req, self.history, tags)
+            self.seconds = time.perf_counter() - t0
+        return self.answer
+
+
+def _checked(ctx, req: FetchRequest, store, history, refused, stock_ends: _StockEnds):
     """The refused plan's candidate when git's object walk for the request
     lists every object of its packs and stock would pack that walk in this
     round (plancheck.py), else the fallback. In a round without `done`,
@@ -575,7 +587,7 @@ def _checked(ctx, req: FetchRequest, store, history, refused):
             ctx.trace.update(checked="too-large")
             return refused
     tags = _annotated_tags(ctx, _snapshot(ctx))
-    if not req.done and not _stock_ends(ctx, req, history, tags):
+    if not req.done and not stock_ends():
         return refused
     t1 = time.perf_counter()
     candidate = refused.candidate.plan()
