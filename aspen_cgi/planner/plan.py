@@ -319,7 +319,6 @@ class _Walk:
         self.have_tips: dict[str, set[int]] = {}      # ref -> versions at which a have became its value
         self.state = 0                                # client_state()
         self.beneath: set[str] = set()                # rule 4's commits
-        self.widened_at: set[int] = set()              # versions rule 4 has read (widen_to)
         self.needed: set[int] = set()
         self.held_for: set[int] = set()               # versions needed only to hold an unproved boundary commit
         self.tag_objects = tag_objects                # annotated tags: the rules speak of their commits only
@@ -486,8 +485,7 @@ class _Walk:
         fresh: set[str] = set()
         for ans in self.have_answers.values():
             for k, ref in ans.tips:
-                if k in holders and k not in self.widened_at:
-                    self.widened_at.add(k)
+                if k in holders:
                     info = self.pack(k)
                     if info is not None and info.refs == (ref,):
                         fresh.update(info.boundary)
