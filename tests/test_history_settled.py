@@ -115,3 +115,98 @@ def test_the_versions_whose_boundary_holds_a_commit_follow_new_ones(tmp_path):
     store.sync()
     builder.build_packs(store)
     assert StoreHistory(store).bounded_by([a]) == {a: (2, 3)}
+
+
+class _Counting:
+    """A store whose per-commit questions are counted (the rest passes through)."""
+
+    def __init__(self, store: RefStore):
+        self.store, self.asked = store, []
+
+    def __getattr__(self, name):
+        got = getattr(self.store, name)
+        if name in ("tips_many", "introduced_by_many", "bounded_by_many", "commit_facts"):
+            def counted(commits):
+                self.asked.append((name, tuple(commits)))
+                return got(commits)
+            return counted
+        return got
+
+
+def test_the_commits_of_versions_that_settle_are_answered_without_asking_the_store_again(tmp_path):
+    """The tips, introducing versions, boundaries and parents of the commits a
+    newly settled version names are read when the process sees it settle;
+    a request asking about them then asks the store nothing, and the
+    answers equal the store's own."""
+    repo, store, a = _imported(tmp_path)
+    StoreHistory(store).tips(a)                              # this process has seen version 1 settle
+    b = _commit(repo, "b", a)
+    c = _commit(repo, "c", b)
+    h.git("update-ref", "refs/heads/main", c, cwd=str(repo))
+    h.git("update-ref", "refs/heads/side", b, cwd=str(repo))
+    store.sync()
+    builder.build_packs(store)
+    StoreHistory(store).identity()                           # version 2 settles in this process
+    counting = _Counting(store)
+    hist = StoreHistory(counting)                            # type: ignore[arg-type]
+    assert hist.tips_many([a, b, c]) == store.tips_many([a, b, c])
+    assert hist.introduced_many([b, c]) == {b: [2], c: [2]}
+    assert hist.bounded_by([a]) == {a: (2,)}
+    assert hist.commit_facts([b, c]) == {b: ((2,), (a,)), c: ((2,), (b,))}
+    assert counting.asked == []
+
+
+def test_fast_forward_answers_equal_the_stores_segment_query(tmp_path):
+    """The planner's rule 2 (a ref only fast-forwarded from version j to k)
+    is answered from each ref's latest update that was no fast-forward; on a
+    seeded history of creations, fast-forwards, forced moves, deletions and
+    re-creations of three refs it says what the store's segment query
+    says, for every ref and every j <= k, and of j > k it says no."""
+    import random
+
+    from aspen_cgi.model.versions import RefChange, VersionMeta
+    from aspen_cgi.refstore import db
+
+    from .test_refstore import commits, empty_repo
+    repo = empty_repo(tmp_path / "r.git")
+    chain = commits(repo, 40)                     # chain[i] descends from every chain[j], j < i
+    h.git("update-ref", "refs/heads/main", chain[0], cwd=str(repo))
+    store = _store(repo)
+    store.sync()
+    rng = random.Random(7)
+    at: dict[str, int] = {"refs/heads/main": 0}
+    refs = ("refs/heads/main", "refs/heads/a", "refs/heads/b")
+    for _ in range(60):
+        ref = rng.choice(refs)
+        old = at.get(ref)
+        if old is None:
+            new = rng.randrange(40)
+            change = RefChange(ref, "0" * 40, chain[new])
+        elif rng.random() < 0.15:
+            new = None
+            change = RefChange(ref, chain[old], "0" * 40)
+        else:
+            new = rng.randrange(40)
+            if new == old:
+                continue
+            change = RefChange(ref, chain[old], chain[new], ff=new > old)
+        assert store.commit([change], VersionMeta("push"), fast=True) is None
+        if new is None:
+            del at[ref]
+        else:
+            at[ref] = new
+    n = store.latest()
+
+    def record(conn) -> None:
+        for v in range(1, n + 1):
+            db.record_pack(conn, v, f"{v:040x}", 1, 1, 0.0, 0, 0, 0, ())
+    db.write(store.conn, record)
+    hist = StoreHistory(store)
+    answers = 0
+    for ref in refs:
+        for k in range(1, n + 1):
+            for j in range(1, n + 1):
+                want = j <= k and store.is_ancestor(ref, j, k).ancestor
+                assert hist.is_ancestor(ref, j, k).ancestor is want, (ref, j, k)
+                answers += want
+    assert answers > 100                          # the history has long fast-forward runs to say yes to

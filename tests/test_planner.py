@@ -323,12 +323,13 @@ def test_full_clone_from_segment_packs_completes_an_empty_client(root, server_fa
 
 # -- visits are distinct versions and segments; lookups are counted apart ------------------------
 
-def _stale_history(repo: Path, n: int, tags: int) -> tuple[RefStore, list[str], str, list[str]]:
+def _stale_history(repo: Path, n: int, tags: int, parents: bool = False) -> tuple[RefStore, list[str], str, list[str]]:
     """Through the ref store API: an import with main and TAGS annotated tags
     (on a side chain), version 2 cuts `stale` from main, versions 3 … N move
     main one commit each; version packs recorded by hand (name, boundary,
-    introduced) as the builder would. Returns the store, main's chain, the
-    stale tip and the tags' peeled commits."""
+    introduced) as the builder would, with PARENTS the commits' recorded
+    parents and the import's introduced commit too. Returns the store,
+    main's chain, the stale tip and the tags' peeled commits."""
     from aspen_cgi.refstore import db
     from aspen_cgi.model.versions import RefChange, VersionMeta
 
@@ -355,6 +356,9 @@ def _stale_history(repo: Path, n: int, tags: int) -> tuple[RefStore, list[str], 
         for v in range(3, n + 1):
             db.record_pack(conn, v, f"{v:040x}", 1, 1, 0.0, 0, 0, 0, (chain[v - 3],))
             db.insert_introduced(conn, v, (chain[v - 2],))
+        if parents:
+            db.insert_introduced(conn, 1, (chain[0],))
+            db.insert_parents(conn, {c: (chain[i - 1],) if i else () for i, c in enumerate(chain)}, {})
     db.write(store.conn, record)
     return store, chain, stale, peeled
 
@@ -412,6 +416,25 @@ def test_an_open_round_stock_would_not_end_stops_at_the_first_holder(tmp_path):
     assert isinstance(made, Plan) and made.versions == tuple(range(3, n + 1)) and asked == [False, True]
     assert made.holders == tuple(range(3, n))
     assert plan(req, StoreHistory(store), frozenset({chain[-1]})).versions == made.versions
+
+
+def test_commits_newer_than_every_have_are_not_asked_of_the_rules(tmp_path):
+    """A client N-2 pushes behind on main: every boundary commit but the
+    last was first introduced after the client's have, so it is in no
+    have's closure (all a commit reaches was reachable when it first was):
+    rule 4's index is asked about none of them, and the plan is the same."""
+    n = 40
+    store, chain, _, _ = _stale_history(tmp_path / "repo.git", n, 0, parents=True)
+    req = FetchRequest(version=2, wants=[chain[-1]], haves=[chain[0]], capabilities=["thin-pack", "ofs-delta"])
+    asked = []
+
+    class Asking(StoreHistory):
+        def bounded_by(self, commits):
+            asked.append(tuple(commits))
+            return super().bounded_by(commits)
+    p = plan(req, Asking(store), frozenset({chain[-1]}))
+    assert isinstance(p, Plan) and p.versions == tuple(range(3, n + 1)), p
+    assert asked == [], asked
 
 
 # -- include-tag ------------------------------------------------------------------------------------

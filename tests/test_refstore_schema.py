@@ -15,7 +15,8 @@ def _shape(conn: sqlite3.Connection) -> dict:
                  "(state rows)": sorted(conn.execute("SELECT key, value FROM state"))}
     for t in tables:
         out[t] = {"columns": [tuple(r[1:]) for r in conn.execute(f"PRAGMA table_info({t})")],
-                  "indexes": sorted((bool(r[2]), r[3], tuple(c[2] for c in conn.execute(f"PRAGMA index_info('{r[1]}')")))
+                  "indexes": sorted((bool(r[2]), r[3], bool(r[4]),
+                                     tuple(c[2] for c in conn.execute(f"PRAGMA index_info('{r[1]}')")))
                                     for r in conn.execute(f"PRAGMA index_list({t})"))}
     return out
 

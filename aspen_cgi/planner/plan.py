@@ -9,8 +9,9 @@ at version b needs Q_b; each boundary commit c of a needed version must be
 in the client's closure, proved by
   1. c is a have;
   2. c became the value of ref s at version j, a have became the value of s
-     at version k >= j, and s only fast-forwarded from j to k (the ref
-     store's O(log N) segment query);
+     at version k >= j, and s only fast-forwarded from j to k (s's latest
+     update up to k that was no fast-forward is at or before j: one
+     indexed row per (s, k));
   3. c was introduced by a version j' that updated one ref, whose value
      there is proved by rule 2;
   4. (in any round, once rules 1-3 miss) c is in the boundary of a
@@ -29,7 +30,9 @@ in the client's closure, proved by
      newest-introduced first, never below c's first version, at most
      WALK_MAX commits a request). This is how a commit behind a merge into
      another branch is proved.
-or else the version that holds c is needed too, recursively, down to the
+A commit first introduced after every have is in no have's closure (all
+a commit reaches was reachable when it first was): no rule is asked about
+it. Otherwise the version that holds c is needed too, recursively, down to the
 import version (whose pack is the whole repository then). A plan is made
 only when every version has its pack: anything unproved falls back. A
 client with haves falls back with UNPROVED when its proof pulls in a
@@ -319,6 +322,7 @@ class _Walk:
         self.have_tips: dict[str, set[int]] = {}      # ref -> versions at which a have became its value
         self.state = 0                                # client_state()
         self.beneath: set[str] = set()                # rule 4's commits
+        self.newer: set[str] = set()                  # commits first introduced after every have (newer_than_haves)
         self.needed: set[int] = set()
         self.held_for: set[int] = set()               # versions needed only to hold an unproved boundary commit
         self.tag_objects = tag_objects                # annotated tags: the rules speak of their commits only
@@ -431,7 +435,7 @@ class _Walk:
         self.prefetch(commits)
         missed = [c for c in commits if not self.proved_by_rules(c)]
         self.proved.update((c, True) for c in commits)
-        if missed and self.widen_to(missed):
+        if missed and self.widen_to([c for c in missed if c not in self.newer]):
             self.proved.update((c, self.proved_by_rules(c)) for c in missed)
         else:
             self.proved.update((c, False) for c in missed)
@@ -443,9 +447,12 @@ class _Walk:
         if c in self.beneath:
             self.count.proofs.append(f"{c[:12]} is in the boundary of a have's version")
             return True
+        introduced = self.introduced_by(c)
+        if introduced and self.newer_than_haves(introduced[0]):
+            self.newer.add(c)
+            return False
         if self.tip_below_have(c, self.tips(c).tips):
             return True
-        introduced = self.introduced_by(c)
         for j in introduced:
             info = self.pack(j)
             if info is None or len(info.refs) != 1:
@@ -456,6 +463,15 @@ class _Walk:
             self.count.proofs.append(f"{c[:12]} is an ancestor of a have (parents walked)")
             return True
         return False
+
+    def newer_than_haves(self, first: int) -> bool:
+        """A commit first introduced at FIRST is in no have's closure when every
+        have was first introduced before it: all a commit reaches was
+        reachable when it was first introduced (so were the commits rule 4
+        and 5 find, all below haves). Settles most boundary commits of a
+        lagging client's walk without the other rules' questions."""
+        newest = self.newest_first() if self.haves else None
+        return newest is not None and first > newest
 
     def graph_reaches(self, c: str, first: int) -> bool:
         if self.seeded_from != (len(self.haves), len(self.beneath)):   # both only grow
@@ -478,7 +494,7 @@ class _Walk:
         True when that added any. Reading every have's version instead
         proved nothing more in random-fetch (115 plans where it ran) and was
         most of the versions a plan visited."""
-        if not self.may_widen:
+        if not self.may_widen or not commits:
             return False
         self.count.look_up()
         holders = {v for vs in self.history.bounded_by(commits).values() for v in vs}
@@ -541,11 +557,16 @@ class _Walk:
         introduced before it (so is every commit below a have), and none is
         a commit VERSION introduced again. The client state says less: a
         have may have become a ref value again after VERSION."""
+        newest = self.newest_first()
+        return newest is not None and newest < version and version not in self.graph.holders
+
+    def newest_first(self) -> Optional[int]:
+        """The latest version that first introduced one of the haves (their
+        peeled commits); None when one has no record."""
         if self.newest_have[0] != len(self.haves):      # the haves only grow
             firsts = self.graph.firsts({self.peel.get(h, h) for h in self.haves}).values()
             self.newest_have = (len(self.haves), None if None in firsts else max(firsts, default=0))
-        newest = self.newest_have[1]
-        return newest is not None and newest < version and version not in self.graph.holders
+        return self.newest_have[1]
 
     def client_state(self) -> int:
         """The latest version at which one of the client's haves was a ref value."""

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -162,7 +162,14 @@ def _m8(db) -> None:
     db["boundaries"].create_index(["commit_oid"], if_not_exists=True)
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8]
+def _m9(db) -> None:
+    """Each ref's updates that were no fast-forward (its creation, a
+    deletion, a forced move), by version: the planner's rule 2 asks for a
+    ref's latest one up to a version (last_rewind), one row."""
+    db.conn.execute("CREATE INDEX IF NOT EXISTS idx_updates_rewinds ON updates (ref, version) WHERE ff = 0")
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8, _m9]
 
 SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_schema.py)
     "CREATE TABLE versions (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, who TEXT, at REAL NOT NULL,"
@@ -192,6 +199,7 @@ SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_sche
     "CREATE TABLE chain (version INTEGER PRIMARY KEY, prev TEXT NOT NULL, hash TEXT NOT NULL,"
     " start INTEGER NOT NULL, text TEXT NOT NULL)",
     "CREATE INDEX idx_boundaries_commit_oid ON boundaries (commit_oid)",
+    "CREATE INDEX idx_updates_rewinds ON updates (ref, version) WHERE ff = 0",
     "INSERT INTO state(key, value) VALUES ('chain_from', '1')",
 )
 
@@ -671,6 +679,19 @@ def value_row_at(conn: Conn, ref: str, version: int) -> tuple[Optional[str], Opt
     if row is None:
         return None, None
     return (None if row[0] == ZERO else row[0]), row[1]
+
+
+def last_rewind(conn: Conn, ref: str, version: int) -> Optional[tuple[int, Optional[str]]]:
+    """REF's latest update up to VERSION that was no fast-forward (its
+    creation, a deletion, a forced move, or one not known to be a
+    fast-forward): its version and the value it wrote (None for a
+    deletion); None when it has none. VERSION is a settled one (no pending
+    version below it)."""
+    row = conn.execute("SELECT version, new FROM updates WHERE ref = ? AND version <= ? AND ff = 0"
+                       " ORDER BY version DESC LIMIT 1", (ref, version)).fetchone()
+    if row is None:
+        return None
+    return row[0], (None if row[1] == ZERO else row[1])
 
 
 def ff_flags(conn: Conn, ref: str, versions: Sequence[int],

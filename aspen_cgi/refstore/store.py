@@ -708,6 +708,12 @@ class RefStore:
                         break
         return AncestryAnswer(ref, j, k, ok, vj, vk, Visits(nv, ns, tuple(sorted(set(read))), tuple(nodes)))
 
+    def last_rewind(self, ref: str, version: int) -> Optional[tuple[int, Optional[str]]]:
+        """REF's latest update up to settled VERSION that was no fast-forward:
+        (its version, the value it wrote or None for a deletion), or None."""
+        with db.reading(self.conn) as conn:
+            return db.last_rewind(conn, ref, version)
+
     def tips(self, commit: str) -> TipAnswer:
         """Which versions made COMMIT the value of which refs (oldest first)."""
         return TipAnswer.of(commit, db.tips_of(self.conn, commit))
