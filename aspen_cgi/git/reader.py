@@ -28,16 +28,28 @@ def read_head_file(gitdir: str, prefix: str) -> tuple[Optional[str], Optional[st
 def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: Optional[str] = None) -> RefSnapshot:
     """Every ref (inside the namespace) with its peeled value and symref target.
 
-    `for-each-ref` is asked only for names and values (asking it for object
-    types makes it die on a ref whose object is missing, which stock still
-    advertises); types and full peeling come from one `cat-file` batch."""
+    One `for-each-ref` gives names, values, types and the object a tag
+    points to. It dies on a ref whose object is missing (which stock still
+    advertises); then it is asked for names and values only, and the types
+    and full peeling come from one `cat-file` batch, as they do for the
+    rare tag of a tag (its full peeling)."""
     prefix = namespace_prefix(namespace)
-    fmt = "%(objectname) %(refname) %(symref)"
     cenv = gitexec.child_env(env, GIT_DIR=".")
-    res = gitexec.git(["for-each-ref", f"--format={fmt}", prefix or "refs/"], cwd=gitdir, env=cenv)
+    typed = gitexec.git(["for-each-ref", f"--format={_TYPED}", prefix or "refs/"], cwd=gitdir, env=cenv)
+    known: dict[str, tuple[str, Optional[str]]] = {}
+    if typed.returncode == 0:
+        lines = [line.split("\0") for line in typed.stdout.decode("utf-8", "surrogateescape").splitlines()]
+        listed = []
+        for oid, otype, name, symref, target, target_type in ((f + [""] * 6)[:6] for f in lines):
+            listed.append(f"{oid} {name} {symref}")
+            if otype and target_type != "tag":
+                known[oid] = (otype, (target or None) if otype == "tag" else None)
+    else:
+        res = gitexec.git(["for-each-ref", f"--format={_UNTYPED}", prefix or "refs/"], cwd=gitdir, env=cenv)
+        listed = res.stdout.decode("utf-8", "surrogateescape").splitlines()
     rows = []
     ns_head_target = ns_head_oid = None
-    for line in res.stdout.decode("utf-8", "surrogateescape").splitlines():
+    for line in listed:
         oid, name, symref = (line.split(" ", 2) + [""] * 3)[:3]
         if len(oid) not in (40, 64):
             continue
@@ -58,7 +70,8 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
     # %(symref) already does, HEAD read from its file is one hop: resolve both here
     links = {name: symref for name, _, symref in rows if symref}
     rows = [(name, oid, _resolve(links, symref) if symref else None) for name, oid, symref in rows]
-    info = object_info(gitdir, cenv, sorted({oid for _, oid, _ in rows}))
+    info = dict(known)
+    info.update(object_info(gitdir, cenv, sorted({oid for _, oid, _ in rows if oid not in known})))
     refs = []
     for name, oid, symref in rows:
         otype, peeled = info.get(oid, ("missing", None))
@@ -76,9 +89,13 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
         if ref is not None:
             head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
     elif direct:
-        dtype, dpeeled = object_info(gitdir, cenv, [direct]).get(direct, ("missing", None))
+        dtype, dpeeled = info.get(direct) or object_info(gitdir, cenv, [direct]).get(direct, ("missing", None))
         head = Ref("HEAD", direct, dpeeled if dtype == "tag" else None, None, dtype == "missing")
     return RefSnapshot(tuple(refs), head, target, prefix)
+
+
+_UNTYPED = "%(objectname) %(refname) %(symref)"
+_TYPED = "%(objectname)%00%(objecttype)%00%(refname)%00%(symref)%00%(*objectname)%00%(*objecttype)"
 
 
 def _resolve(links: Mapping[str, str], target: str) -> str:
