@@ -93,15 +93,15 @@ def substitute(shipped: str, values: dict[str, str]) -> str:
     return text
 
 
-def _socket_dir(workdir: Path) -> Path:
+def _socket_dir(workdir: Path, make: bool = True) -> Path:
     """A short directory for mod_wsgi's daemon sockets, one per WORKDIR: a
     socket's path holds at most 107 bytes, and a test's own directory can be
     longer than that leaves (mod_wsgi then truncates it and every request
-    gets a 503)."""
-    import hashlib
+    gets a 503). Removed when its Apache stops."""
     d = Path("/tmp") / f"aspen-wsgi-{hashlib.sha1(str(workdir).encode()).hexdigest()[:12]}"
-    d.mkdir(exist_ok=True)
-    os.chmod(d, 0o755)
+    if make:
+        d.mkdir(exist_ok=True)
+        os.chmod(d, 0o755)
     return d
 
 
@@ -216,6 +216,7 @@ class Apache:
         except OSError:
             pass
         self.proc.wait()
+        shutil.rmtree(_socket_dir(self.workdir, make=False), ignore_errors=True)
 
 
 STARTED: list["Apache"] = []      # every Apache a test started: its logs go into the report of a failure
