@@ -39,7 +39,7 @@ import gc
 import uuid  # noqa: F401
 from .push import receive  # noqa: F401
 from .fetch import planned, upload  # noqa: F401
-from .fetch import depth1, prewarm  # noqa: F401
+from .fetch import depth1, prewarm, packobjectshook  # noqa: F401   (a depth-1 clone's hook: recompress, deflate)
 from .cache import responses  # noqa: F401
 from .packs import spanpack, splice  # noqa: F401
 from .planner import plan  # noqa: F401
