@@ -8,8 +8,10 @@
 - `commit()` is a push: git locks and checks every old value on disk, the
   version is committed to the store (pending), git renames the locks into
   place, and the version is marked done and compacted.
-- `is_ancestor()`, `tips()` and `tips_many()` are the planner's history
-  questions; their answers say which versions and segments they read.
+- `tips()`, `tips_many()` and `last_rewind()` are the planner's history
+  questions; `is_ancestor()` is the segment query (`aspen query
+  ancestor`, bench stale-branch), whose answers say which versions and
+  segments it read.
 - The version and segment packs are built by packs/builder.py; the store
   records them (`record_version_pack()`, `record_segment_pack()`,
   `drop_nested_segments()`) and says what a full clone is spliced from
