@@ -38,6 +38,36 @@ def _share(key: tuple, value: object) -> None:
     put_bounded(SHARED, key, value, SHARED_MAX)
 
 
+Facts = Optional[tuple[tuple[int, ...], tuple[str, ...]]]   # (introducing versions, parents); None: no record
+
+
+def _upto(versions, through: int) -> tuple[int, ...]:
+    return tuple(v for v in versions if v <= through)
+
+
+def _read_tips(store: RefStore, commits: Sequence[str], through: int) -> dict[str, TipAnswer]:
+    """tips() of COMMITS as of settled version THROUGH (later versions left out); so the next three."""
+    out = {}
+    for c, ans in store.tips_many(commits).items():
+        if any(v > through for v, _ in ans.tips):
+            ans = TipAnswer.of(c, [(v, r) for v, r in ans.tips if v <= through])
+        out[c] = ans
+    return out
+
+
+def _read_introduced(store: RefStore, commits: Sequence[str], through: int) -> dict[str, tuple[int, ...]]:
+    return {c: _upto(vs, through) for c, vs in store.introduced_by_many(commits).items()}
+
+
+def _read_bounded(store: RefStore, commits: Sequence[str], through: int) -> dict[str, tuple[int, ...]]:
+    return {c: _upto(vs, through) for c, vs in store.bounded_by_many(commits).items()}
+
+
+def _read_facts(store: RefStore, commits: Sequence[str], through: int) -> dict[str, Facts]:
+    found = store.commit_facts(commits)
+    return {c: (_upto(found[c][0], through), found[c][1]) if c in found else None for c in commits}
+
+
 def _share_built(store: RefStore, identity: tuple[str, float], lo: int, hi: int) -> None:
     """The pack, values and introduced commits of versions LO … HI, just
     settled, in one read: the next plans read most of them (the pushes a
@@ -65,7 +95,7 @@ class _Settled:
         self.tips: dict[str, TipAnswer] = {}
         self.introduced: dict[str, tuple[int, ...]] = {}
         self.bounded: dict[str, tuple[int, ...]] = {}                                    # boundaries holding it
-        self.facts: dict[str, Optional[tuple[tuple[int, ...], tuple[str, ...]]]] = {}   # None: no record
+        self.facts: dict[str, Facts] = {}                                                # None: no record
         self.times: dict[str, Optional[int]] = {}                                        # None: no record
         self.rewinds: dict[tuple[str, int], Optional[tuple[int, Optional[str]]]] = {}   # (ref, k) -> last_rewind
         self.lock = threading.Lock()
@@ -109,20 +139,10 @@ class _Settled:
         through each push's tips and boundary), one question at a time."""
         if not commits or len(commits) > SETTLED_EVICT_MAX * 4:
             return
-        def upto(vs) -> tuple[int, ...]:
-            return tuple(v for v in vs if v <= through)
-        for c, ans in store.tips_many(commits).items():
-            if any(v > through for v, _ in ans.tips):
-                ans = TipAnswer.of(c, [(v, r) for v, r in ans.tips if v <= through])
-            put_bounded(self.tips, c, ans, SETTLED_MAX)
-        for c, vs in store.introduced_by_many(commits).items():
-            put_bounded(self.introduced, c, upto(vs), SETTLED_MAX)
-        for c, vs in store.bounded_by_many(commits).items():
-            put_bounded(self.bounded, c, upto(vs), SETTLED_MAX)
-        found = store.commit_facts(commits)
-        for c in commits:
-            got = found.get(c)
-            put_bounded(self.facts, c, (upto(got[0]), got[1]) if got is not None else None, SETTLED_MAX)
+        for table, read in ((self.tips, _read_tips), (self.introduced, _read_introduced),
+                            (self.bounded, _read_bounded), (self.facts, _read_facts)):
+            for c, answer in read(store, commits, through).items():
+                put_bounded(table, c, answer, SETTLED_MAX)
 
     def keep(self, table: dict, through: int, key, value) -> None:
         """TABLE[KEY] = VALUE, an answer read when THROUGH was settled, unless more settled since."""
@@ -178,14 +198,7 @@ class StoreHistory:
         return got
 
     def tips_many(self, commits: Sequence[str]) -> dict[str, TipAnswer]:
-        def read(left: Sequence[str]) -> dict[str, TipAnswer]:
-            out = {}
-            for c, ans in self.store.tips_many(left).items():
-                if any(v > self._through for v, _ in ans.tips):
-                    ans = TipAnswer.of(c, [(v, r) for v, r in ans.tips if v <= self._through])
-                out[c] = ans
-            return out
-        self._ask(self._tips, self.settled().tips, commits, read)
+        self._ask(self._tips, self.settled().tips, commits, lambda left: _read_tips(self.store, left, self._through))
         return {c: self._tips[c] for c in commits}
 
     def is_ancestor(self, ref: str, j: int, k: int) -> AncestryAnswer:
@@ -223,27 +236,18 @@ class StoreHistory:
         return out
 
     def introduced_many(self, commits: Sequence[str]) -> dict[str, list[int]]:
-        def read(left: Sequence[str]) -> dict[str, tuple[int, ...]]:
-            return {c: tuple(v for v in vs if v <= self._through)
-                    for c, vs in self.store.introduced_by_many(left).items()}
-        self._ask(self._introduced, self.settled().introduced, commits, read)
+        self._ask(self._introduced, self.settled().introduced, commits,
+                  lambda left: _read_introduced(self.store, left, self._through))
         return {c: list(self._introduced[c]) for c in commits}
 
     def bounded_by(self, commits: Sequence[str]) -> dict[str, tuple[int, ...]]:
-        def read(left: Sequence[str]) -> dict[str, tuple[int, ...]]:
-            return {c: tuple(v for v in vs if v <= self._through)
-                    for c, vs in self.store.bounded_by_many(left).items()}
         mine: dict[str, tuple[int, ...]] = {}
-        self._ask(mine, self.settled().bounded, commits, read)
+        self._ask(mine, self.settled().bounded, commits, lambda left: _read_bounded(self.store, left, self._through))
         return mine
 
     def commit_facts(self, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-        def read(left: Sequence[str]) -> dict[str, Optional[tuple[tuple[int, ...], tuple[str, ...]]]]:
-            found = self.store.commit_facts(left)
-            return {c: (tuple(v for v in found[c][0] if v <= self._through), found[c][1]) if c in found else None
-                    for c in left}
-        mine: dict[str, Optional[tuple[tuple[int, ...], tuple[str, ...]]]] = {}
-        self._ask(mine, self.settled().facts, commits, read)
+        mine: dict[str, Facts] = {}
+        self._ask(mine, self.settled().facts, commits, lambda left: _read_facts(self.store, left, self._through))
         return {c: got for c, got in mine.items() if got is not None}
 
     def commit_times(self, commits: Sequence[str]) -> dict[str, int]:

@@ -38,19 +38,19 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
     typed = gitexec.git(["for-each-ref", f"--format={_TYPED}", prefix or "refs/"], cwd=gitdir, env=cenv)
     known: dict[str, tuple[str, Optional[str]]] = {}
     if typed.returncode == 0:
-        lines = [line.split("\0") for line in typed.stdout.decode("utf-8", "surrogateescape").splitlines()]
         listed = []
-        for oid, otype, name, symref, target, target_type in ((f + [""] * 6)[:6] for f in lines):
-            listed.append(f"{oid} {name} {symref}")
+        for line in typed.stdout.decode("utf-8", "surrogateescape").splitlines():
+            oid, otype, name, symref, target, target_type = (line.split("\0") + [""] * 6)[:6]
+            listed.append((oid, name, symref))
             if otype and target_type != "tag":
                 known[oid] = (otype, (target or None) if otype == "tag" else None)
     else:
         res = gitexec.git(["for-each-ref", f"--format={_UNTYPED}", prefix or "refs/"], cwd=gitdir, env=cenv)
-        listed = res.stdout.decode("utf-8", "surrogateescape").splitlines()
+        listed = [tuple((line.split(" ", 2) + [""] * 3)[:3])
+                  for line in res.stdout.decode("utf-8", "surrogateescape").splitlines()]
     rows = []
     ns_head_target = ns_head_oid = None
-    for line in listed:
-        oid, name, symref = (line.split(" ", 2) + [""] * 3)[:3]
+    for oid, name, symref in listed:
         if len(oid) not in (40, 64):
             continue
         if prefix:
