@@ -269,7 +269,7 @@ def _fetch(ctx: WorkloadContext, t: TargetInfo, client: Path, shape: str, branch
         if k in wire:
             row[k] = wire[k]
     pm = plan.metrics()
-    for k in ("plan", "why", "extents", "objects", "plan_rounds", "serve_ms", "planning_us", "check_us"):
+    for k in ("plan", "why", "extents", "objects", "plan_rounds", "serve_ms", "planning_us", "check_us", "visits_total"):
         if k in pm:
             row[k] = pm[k]
     row["_plan"] = pm

@@ -164,7 +164,7 @@ class _World:
         row = {"i": self.n["fetches"] - 1, "k": 0, "shape": "random", "protocol": protocol,
                "exchange_bytes": wire.get("exchange_bytes"), "pack_bytes": wire.get("pack_bytes"),
                "wall_ms": round(r.wall_ms, 1),
-               **{key: trace[key] for key in ("plan", "why", "extents", "planning_us", "check_us") if key in trace}}
+               **{key: trace[key] for key in ("plan", "why", "extents", "planning_us", "check_us", "visits_total") if key in trace}}
         ls = gitclient.ls_remote(self.url)
         v = gitclient.verify(client, gitclient.parse_refs(ls.stdout), mirror=True) if ls.ok else None
         row["ok"] = bool(v and v.ok)
