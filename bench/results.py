@@ -56,6 +56,7 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             "last_first", "span", "refs", "body_bytes",
             # Aspen's plan trace (issue 5) and version packs: no stock counterpart
             "plan_share", "planned", "fallback", "untraced", "plan_rounds", "visits_max", "planning_us_max",
+            "visits_p99", "visits_over_bound", "extents_over_bound",
             "extents", "serve_ms", "packs_wait_ms", "packs_settled", "packs_pending", "pack_files", "packs_bytes",
             "segment_packs",
             "plan_share_v0", "plan_share_v1", "plan_share_v2", "fetches_v0", "fetches_v1", "fetches_v2",

@@ -14,7 +14,7 @@ from bench import gitclient, repogen, stats
 from bench.model import TargetInfo
 from bench.workloads import WORKLOADS, WorkloadContext
 from bench.workloads.common import PlanStats, parse_plan_line, plan_metrics
-from bench.workloads.randomfetch import parse_protocols
+from bench.workloads.randomfetch import parse_protocols, visit_bounds
 
 
 def _all_refs(repo: Path) -> str:
@@ -102,7 +102,8 @@ def test_plan_lines_parse_json_and_the_older_access_line():
     assert (m["planning_us"], m["versions_visited"], m["segments_visited"], m["visits_total"]) == (338, 6, 2, 8)
     assert m["extents"] == 2 and m["objects"] == 4 and m["serve_ms"] == 9.0 and m["protocol"] == 2
     assert plan_metrics([old]) == {"plan": "fallback", "plan_rounds": 1, "why": "not-built", "planning_us": 12,
-                                   "versions_visited": 4, "segments_visited": 2, "serve_ms": 7.5, "visits_total": 6}
+                                   "versions_visited": 4, "segments_visited": 2, "serve_ms": 7.5, "visits_total": 6,
+                                   "version": 9}
     assert plan_metrics([]) == {}
 
 
@@ -276,3 +277,14 @@ def test_lagging_clients_end_to_end(tmp_path):
     loaded = {r.m.target: r.m for r in results.load(tmp_path / "res").rows}
     assert loaded["aspen"].extra["fetches"][3]["ratio"] == by["aspen"].extra["fetches"][3]["ratio"]
     assert "lagging-clients" in results.render_tables([r.m for r in results.load(tmp_path / "res").rows])
+
+
+def test_random_fetch_counts_fetches_over_the_visits_bound_of_their_history():
+    rows = [{"visits_total": 11, "version": 8, "plan": "planned", "extents": 3},      # bound 2*3+4 = 10
+            {"visits_total": 10, "version": 8, "plan": "planned", "extents": 11},     # at the bound; extents over
+            {"visits_total": 4, "version": 1024, "plan": "fallback"},                 # bound 24
+            {"visits_total": 30, "plan": "planned"}]                                  # no version: not counted
+    got = visit_bounds(rows)
+    assert (got["visits_over_bound"], got["extents_over_bound"]) == (1, 1)
+    assert got["visits_p99"] > 10
+    assert visit_bounds([{"plan": "planned"}]) == {}

@@ -127,7 +127,8 @@ def plan_metrics(lines: list[dict]) -> dict:
     `plan` and `why` of its last fetch response (the one that sent the pack),
     planning_us / versions_visited / segments_visited / serve_ms summed over its
     responses, visits_total, extents and objects of the planned response,
-    protocol, and plan_rounds (responses traced). The `aspen-plan` JSON lines
+    protocol, version (the store's latest as it answered), and plan_rounds
+    (responses traced). The `aspen-plan` JSON lines
     are used when there are any, else the older `aspen:` access lines that
     carry plan=; empty when neither is there."""
     plans = [d for d in lines if d.get("_json") and "plan" in d]
@@ -151,6 +152,8 @@ def plan_metrics(lines: list[dict]) -> dict:
                 out[key] = last[key]
     if isinstance(last.get("protocol"), int):
         out["protocol"] = last["protocol"]
+    if isinstance(last.get("version"), int) and not isinstance(last.get("version"), bool):
+        out["version"] = last["version"]        # the store's latest version as it answered: the history's N
     return out
 
 

@@ -27,7 +27,7 @@ from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
 from .common import PlanLog, PlanStats, Wire, ordered, report, repo_url, rmtree
 from .ratios import compare
-from .storeprobe import wait_target_packs
+from .storeprobe import visits_bound, wait_target_packs
 
 MAX_POOL = 6
 
@@ -164,7 +164,7 @@ class _World:
         row = {"i": self.n["fetches"] - 1, "k": 0, "shape": "random", "protocol": protocol,
                "exchange_bytes": wire.get("exchange_bytes"), "pack_bytes": wire.get("pack_bytes"),
                "wall_ms": round(r.wall_ms, 1),
-               **{key: trace[key] for key in ("plan", "why", "extents", "planning_us", "check_us", "visits_total") if key in trace}}
+               **{key: trace[key] for key in ("plan", "why", "extents", "planning_us", "check_us", "visits_total", "version") if key in trace}}
         ls = gitclient.ls_remote(self.url)
         v = gitclient.verify(client, gitclient.parse_refs(ls.stdout), mirror=True) if ls.ok else None
         row["ok"] = bool(v and v.ok)
@@ -202,6 +202,7 @@ def random_fetch(ctx: WorkloadContext) -> list[Measurement]:
     commits), so each Aspen fetch's bytes are divided by the baseline's for
     it, as lagging-clients does: ratio_p50/_p99/_max, over_2pct, the same
     over planned fetches (planned_ratio_*, planned_over_2pct), worst_fetch;
+    visits against the bound 2*log2(N)+4 for each fetch's N (visit_bounds);
     the per-fetch rows are in raw.jsonl (extra["fetches"])."""
     fetches = int(ctx.param("fetches", 200, quick=20))
     seed = int(ctx.param("seed", 1))
@@ -224,7 +225,24 @@ def random_fetch(ctx: WorkloadContext) -> list[Measurement]:
         if w.waits:
             m["packs_wait_ms"] = stats.median(w.waits)
         m.update({k: v for k, v in w.plans.summary().items() if not k.startswith("fetches_v")})
+        m.update(visit_bounds(w.fetch_rows))
         out.append(Measurement("random-fetch", t.name, {"fetches": fetches, "seed": seed, "protocols": label}, m,
                                w.walls, w.error, extra={"fetches": w.fetch_rows}))
         rmtree(w.dir)
     return out
+
+
+def visit_bounds(rows: list[dict]) -> dict:
+    """Per traced fetch, its visits against 2*log2(N)+4, N the store's latest
+    version as it answered: visits_p99, visits_over_bound (fetches above
+    it), and among those extents_over_bound: planned fetches whose answer
+    alone names more stored packs than the bound (each extent is one
+    version's or segment's pack read)."""
+    traced = [r for r in rows if isinstance(r.get("visits_total"), (int, float)) and isinstance(r.get("version"), int)]
+    if not traced:
+        return {}
+    visits = [r["visits_total"] for r in traced]
+    return {"visits_p99": stats.percentile(visits, 99),
+            "visits_over_bound": sum(1 for r in traced if r["visits_total"] > visits_bound(r["version"])),
+            "extents_over_bound": sum(1 for r in traced if r.get("plan") == "planned"
+                                      and r.get("extents", 0) > visits_bound(r["version"]))}
