@@ -56,3 +56,28 @@ def test_a_side_name_left_before_its_claim_blocks_no_ref(tmp_path):
     old, new = h.out("rev-parse", "main", cwd=str(repo)), h.out("rev-parse", "main~1", cwd=str(repo))
     h.git("update-ref", "refs/heads/main", new, old, cwd=str(repo))
     h.fsck_strict(str(repo))
+
+
+def test_a_writer_killed_with_its_side_name_made_leaves_nothing_behind(tmp_path):
+    """Killed after making its side name and before claiming the lock's
+    inode: the side name was claimed before it was made, so the next sweep
+    removes it."""
+    repo = h.make_history(tmp_path / "repo.git")
+    RefStore.open(str(repo), dict(os.environ)).sync()
+    script = f"""
+import os
+from aspen_cgi.refstore import reflocks
+claim = reflocks.Claim({str(repo / "aspen")!r})
+side = claim.side_name({str(repo / "refs" / "heads" / "main")!r})
+assert claim.add_side(side)
+open(side, "w").write("x\\n")
+print(side, flush=True)
+os.kill(os.getpid(), 9)
+"""
+    p = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    side = Path(p.stdout.decode().strip())
+    assert p.returncode == -signal.SIGKILL and side.exists() and ".aspen-" in side.name, p.stderr
+    RefStore.open(str(repo), dict(os.environ)).sync()          # sweeps the dead writer's claim
+    assert not side.exists()
+    assert not [f for f in (repo / "refs" / "heads").iterdir() if ".aspen-" in f.name]

@@ -306,6 +306,8 @@ class LooseWrite:
 
     def _claimed_lock(self, path: str, new: str, claim) -> bool:
         side = claim.side_name(path)
+        if not claim.add_side(side):
+            return False
         fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             try:

@@ -22,28 +22,41 @@ DIR = "reflocks"
 
 class Claim:
     """This thread's claim on the locks it is taking, written before each
-    lock exists: the writer makes the lock's content under a side name
-    (`<ref>.<owner>.lock`, which git's ref iteration skips as it skips every
-    `*.lock`), records that file's inode here, and only then links it to
-    `<ref>.lock` (the exclusive step: it fails when the lock is held). A
-    writer killed at any point leaves nothing that the next sweep cannot
-    tell for its own: a lock with another inode is someone else's."""
+    lock exists: the writer claims a side name (`<ref>.aspen-<owner>.lock`,
+    which git's ref iteration skips as it skips every `*.lock`, and which
+    no other process ever makes), makes the lock's content under it,
+    records that file's inode here, and only then links it to `<ref>.lock`
+    (the exclusive step: it fails when the lock is held). A writer killed at
+    any point leaves nothing that the next sweep cannot tell for its own: a
+    lock with another inode is someone else's. (Claimed after it was made, a
+    side name of a writer killed between the two stayed: once in a kill -9
+    of a whole server under pushers, tests/test_faults.py.)"""
 
     def __init__(self, state_dir: str):
-        self.path: Optional[str] = os.path.join(state_dir, DIR, f"{owner_id()}+{threading.get_ident()}")
-        self.side = f".aspen-{os.getpid()}-{threading.get_ident()}.lock"
+        owner = owner_id()          # host:pid:start
+        self.path: Optional[str] = os.path.join(state_dir, DIR, f"{owner}+{threading.get_ident()}")
+        # the owner's start time in the name: no other process, now or later, makes this file
+        self.side = f".aspen-{owner.split(':', 1)[1].replace(':', '-')}-{threading.get_ident()}.lock"
 
     def side_name(self, ref_path: str) -> str:
         return ref_path + self.side
 
+    def add_side(self, side: str) -> bool:
+        """Record SIDE before it is made: whatever file has that name is this
+        owner's (`-` for its inode); False when the claim cannot be written."""
+        return self._write(f"- {side}\n")
+
     def add(self, ino: int, lock: str, side: str) -> bool:
         """Record LOCK (and its side name) as this thread's; False when the claim cannot be written."""
+        return self._write(f"{ino} {lock}\n{ino} {side}\n")
+
+    def _write(self, lines: str) -> bool:
         if self.path is None:
             return False
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             with open(self.path, "a") as f:      # a line cut short by a kill names no file of that inode
-                f.write(f"{ino} {lock}\n{ino} {side}\n")
+                f.write(lines)
         except OSError:
             return False
         return True
@@ -82,7 +95,7 @@ def sweep(state_dir: str) -> list[str]:
             continue
         for ino, lock in entries:
             try:
-                if str(os.stat(lock).st_ino) == ino:
+                if ino == "-" or str(os.stat(lock).st_ino) == ino:
                     os.unlink(lock)
                     removed.append(lock)
             except OSError:
