@@ -61,6 +61,7 @@ class ServiceContext:
     service_config: object = None     # the service's configuration, parsed once (fetch/uploadconfig.py)
     pin: object = None                # a time-travel pin from the URL (model/pin.Pin), resolved by the service
     pinned: Optional[int] = None      # the version this request reads the repository at (None: the latest)
+    after_answer: list = field(default_factory=list)   # run once the answer is sent (a build it must not slow)
     _store: object = field(default=None, repr=False)
     _store_opened: bool = field(default=False, repr=False)
 

@@ -37,6 +37,7 @@ What it cannot see:
 from __future__ import annotations
 
 import os
+import time
 import threading
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
@@ -137,6 +138,24 @@ def _sample(roots: list[int]) -> tuple[int, int]:
     """(cpu ticks, rss bytes) summed over the live tree."""
     stats = tree_stats(roots).values()
     return sum(s.cpu_ticks for s in stats), sum(s.rss_bytes for s in stats)
+
+
+def settle(roots: list, quiet: float = 0.3, timeout: float = 10.0) -> bool:
+    """Wait until the trees of ROOTS use no CPU for QUIET seconds (a
+    server's workers done booting: gunicorn answers as soon as one has
+    loaded the application, and the others' imports then share the cores
+    with the first measured request), at most TIMEOUT seconds; True when
+    they did."""
+    deadline = time.monotonic() + timeout
+    last, since = _sample(roots)[0], time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = _sample(roots)[0]
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return True
+    return False
 
 
 def _children_ticks(pid: int) -> Optional[int]:

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
+from . import procstats
 from .cgibridge import STOCK
 from .model import TargetInfo
 from .proxy import CountingProxy
@@ -510,6 +511,8 @@ def running_targets(specs: list[str], root: Path, workdir: Path, *, workers: int
                 wait_ready(t.info, repo if t.info.root is not None else None, timeout)
             except RuntimeError as e:
                 raise RuntimeError(f"{e}\n{t.log_text()[-4000:]}") from None
+        for t in started:
+            procstats.settle(t.info.pids)
         yield started
     finally:
         for t in reversed(started):

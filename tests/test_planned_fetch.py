@@ -238,3 +238,34 @@ def test_a_fetch_never_waits_for_the_import(tmp_path, server_factory):
     _clone(server.url + "/repo.git", tmp_path / "second.git", 2)
     assert "plan=planned" in _plans(server)[-1], _plans(server)[-1]
     h.fsck_strict(str(tmp_path / "second.git"))
+
+
+class _Slot:
+    def __init__(self, events: list):
+        self.events = events
+
+    def release(self) -> None:
+        self.events.append("released")
+
+
+def test_what_a_fallback_answer_was_asked_to_start_runs_after_its_last_byte_once(tmp_path):
+    """The import build a fetch asks for (background.await_built's LATER)
+    runs once git's answer is sent, never while its bytes are still to come,
+    and once only; an answer closed early (a client gone) runs it at close."""
+    from aspen_cgi.fetch.upload import _Admitted
+    from aspen_cgi.git import gitexec
+    repo = tmp_path / "repo.git"
+    h.git("init", "-q", "--bare", str(repo))
+    events: list = []
+    body = _Admitted(gitexec.git_stream(["version"], cwd=str(repo)), _Slot(events), [lambda: events.append("after")])
+    chunks = []
+    for chunk in body:
+        assert "after" not in events
+        chunks.append(chunk)
+    assert b"git version" in b"".join(chunks) and events.count("after") == 1
+    body.close()
+    assert events.count("after") == 1
+    early: list = []
+    cut = _Admitted(gitexec.git_stream(["version"], cwd=str(repo)), _Slot(early), [lambda: early.append("after")])
+    cut.close()
+    assert early.count("after") == 1

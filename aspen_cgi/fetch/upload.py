@@ -262,21 +262,24 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None, any_wa
     except BaseException:
         slot.release()
         raise
-    return _Admitted(stream, slot)
+    return _Admitted(stream, slot, ctx.after_answer)
 
 
 class _Admitted:
-    """git's output stream, holding its admission slot until it ends."""
+    """git's output stream, holding its admission slot until it ends; then
+    AFTER runs (once, whether the stream ended or was closed early)."""
 
-    def __init__(self, stream: gitexec.Stream, slot):
+    def __init__(self, stream: gitexec.Stream, slot, after: list):
         self.stream = stream
         self.slot = slot
+        self.after = after
 
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self.stream
         finally:
             self.slot.release()
+        self._after()
 
     @property
     def returncode(self) -> Optional[int]:
@@ -285,6 +288,15 @@ class _Admitted:
     def close(self) -> None:
         self.stream.close()
         self.slot.release()
+        self._after()
+
+    def _after(self) -> None:
+        todo, self.after[:] = list(self.after), []
+        for f in todo:
+            try:
+                f()
+            except OSError:
+                pass            # no builder now (no process could start): the next fetch starts one
 
 
 def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
@@ -470,7 +482,8 @@ def _built(ctx, store) -> bool:
     PinnedHistory reads)."""
     def pinned_built() -> bool:
         return ctx.pinned is not None and store.settled()[1] >= ctx.pinned
-    return pinned_built() or background.await_built(ctx.gitdir, store, ctx.env) or pinned_built()
+    return (pinned_built() or background.await_built(ctx.gitdir, store, ctx.env, later=ctx.after_answer)
+            or pinned_built())
 
 
 def _request_reason(ctx, req: FetchRequest) -> Optional[str]:

@@ -187,7 +187,8 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
     return True
 
 
-def await_built(gitdir: str, store, env: Mapping[str, str]) -> bool:
+def await_built(gitdir: str, store, env: Mapping[str, str],
+                later: Optional[list[Callable[[], None]]] = None) -> bool:
     """True when every version has its pack. A fetch that arrives while they
     are being built (right after a push, say) starts a builder if none is
     running and waits for it up to ASPEN_BUILD_WAIT_MS, so that it is served
@@ -196,14 +197,20 @@ def await_built(gitdir: str, store, env: Mapping[str, str]) -> bool:
     only makes later answers smaller (measured: every clone of the bench's
     medium repository during its import had waited the 2 s, 2.96x stock's
     wall time; the first clone of its small one, 1.5 MiB, waited the
-    import's 1.2 s, 11x stock's)."""
+    import's 1.2 s, 11x stock's). Its build is started at once, or, given
+    LATER, by a function added to it that the caller runs once its answer
+    is sent: that build must not take CPU from the answer."""
     unbuilt = store.unbuilt(1)
     if not unbuilt:
         return True
     if not enabled(settings.of(env)):
         return False
     if unbuilt[0] == 1:
-        kick(gitdir, store.packs_dir, env)
+        packs = store.packs_dir
+        if later is None:
+            kick(gitdir, packs, env)
+        else:
+            later.append(lambda: kick(gitdir, packs, env))
         return False
     wait = settings.of(env).build_wait
     kick(gitdir, store.packs_dir, env)
