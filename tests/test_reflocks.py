@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from aspen_cgi.refstore import reflocks
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -81,3 +83,20 @@ os.kill(os.getpid(), 9)
     RefStore.open(str(repo), dict(os.environ)).sync()          # sweeps the dead writer's claim
     assert not side.exists()
     assert not [f for f in (repo / "refs" / "heads").iterdir() if ".aspen-" in f.name]
+
+
+def test_a_claim_line_cut_short_by_a_kill_removes_no_ref(tmp_path):
+    """A dead writer's claim whose last line a kill cut short (naming the
+    ref itself, not its side name) makes the sweep remove nothing of it;
+    its whole lines are swept."""
+    repo = h.make_history(tmp_path / "repo.git")
+    RefStore.open(str(repo), dict(os.environ)).sync()
+    ref = repo / "refs" / "heads" / "main"
+    ref.write_text(h.out("rev-parse", "main", cwd=str(repo)) + "\n")        # loose, as git writes it
+    side = repo / "refs" / "heads" / "other.aspen-1-2-3.lock"
+    side.write_text("x\n")
+    claims = repo / "aspen" / reflocks.DIR
+    claims.mkdir(exist_ok=True)
+    (claims / f"{socket.gethostname()}:1:1+7").write_text(f"- {side}\n- {ref}")      # pid 1 never started at 1
+    assert reflocks.sweep(str(repo / "aspen")) == [str(side)]
+    assert ref.exists() and not side.exists()

@@ -95,10 +95,17 @@ def sweep(state_dir: str) -> list[str]:
             continue
         for ino, lock in entries:
             try:
-                if ino == "-" or str(os.stat(lock).st_ino) == ino:
+                if (_whole_side_name(lock) if ino == "-" else str(os.stat(lock).st_ino) == ino):
                     os.unlink(lock)
                     removed.append(lock)
             except OSError:
                 pass
         release(path)
     return removed
+
+
+def _whole_side_name(path: str) -> bool:
+    """PATH is a side name as Claim makes them, not a line a kill cut short
+    (which may name the ref itself)."""
+    name = os.path.basename(path)
+    return ".aspen-" in name and name.endswith(".lock")
