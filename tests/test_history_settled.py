@@ -156,6 +156,27 @@ def test_the_commits_of_versions_that_settle_are_answered_without_asking_the_sto
     assert counting.asked == []
 
 
+def test_a_process_planning_first_for_a_store_reads_its_latest_pushes_at_once(tmp_path):
+    """The first time a process plans for a store, the commits of its latest
+    pushes (up to WARM_VERSIONS, never the import) are read at once: a
+    lagging client's first fetch then asks the store nothing about them."""
+    repo, store, a = _imported(tmp_path)
+    b = _commit(repo, "b", a)
+    h.git("update-ref", "refs/heads/main", b, cwd=str(repo))
+    store.sync()
+    c = _commit(repo, "c", b)
+    h.git("update-ref", "refs/heads/main", c, cwd=str(repo))
+    store.sync()
+    builder.build_packs(store)
+    StoreHistory(store).identity()                           # this process's first look: versions 1-3 settled
+    counting = _Counting(store)
+    hist = StoreHistory(counting)                            # type: ignore[arg-type]
+    assert hist.tips_many([b, c]) == store.tips_many([b, c])
+    assert hist.introduced_many([b, c]) == {b: [2], c: [3]}
+    assert hist.commit_facts([b, c]) == {b: ((2,), (a,)), c: ((3,), (b,))}
+    assert counting.asked == []
+
+
 def test_fast_forward_answers_equal_the_stores_segment_query(tmp_path):
     """The planner's rule 2 (a ref only fast-forwarded from version j to k)
     is answered from each ref's latest update that was no fast-forward; on a

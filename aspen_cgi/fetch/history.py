@@ -32,6 +32,7 @@ SHARED_MAX = 100_000
 SETTLED_MAX = 10_000                  # answers of one kind kept per store by a process
 SETTLED_STORES = 16
 SETTLED_EVICT_MAX = 256               # more versions settled at once than this: forget every answer
+WARM_VERSIONS = 64                    # read at once when a process first plans for a store: the latest pushes
 
 
 def _share(key: tuple, value: object) -> None:
@@ -85,7 +86,8 @@ class _Settled:
     about each commit their records name are forgotten (a later version may
     make a commit a ref value again). Kept for every request of the process:
     the same commits (recent tips and boundaries) are asked about by fetch
-    after fetch."""
+    after fetch. A process's first look at a store reads the answers about
+    its latest WARM_VERSIONS pushes at once, as later settling does."""
 
     _all: dict[tuple[str, float], "_Settled"] = {}
     _lock = threading.Lock()
@@ -123,6 +125,10 @@ class _Settled:
             if self.through < 0 or through < self.through or through - self.through > SETTLED_EVICT_MAX:
                 for table in by_commit + (self.rewinds,):
                     table.clear()
+                lo = max(2, through - WARM_VERSIONS + 1)     # never the import: it introduced everything
+                if lo <= through:
+                    _share_built(store, identity, lo, through)
+                    self._preload(store, sorted(store.commits_recorded(lo, through)), through)
             else:
                 fresh = store.commits_recorded(self.through + 1, through)
                 for c in fresh:
