@@ -227,3 +227,21 @@ def test_an_import_pack_too_large_for_a_subset_is_known_from_its_index_size(tmp_
     assert not plancheck.import_too_large(str(tmp_path), "small")
     assert not plancheck.import_too_large(str(tmp_path), None)
     assert not plancheck.import_too_large(str(tmp_path), "gone")
+
+
+def test_a_candidate_holding_a_commit_gits_walk_does_not_list_fails_on_the_commits_alone(root, server, tmp_path):
+    """The commits a candidate's packs hold are looked for in git's commit
+    walk first: all listed, the check goes on (and passes here); one the
+    client has (git would not send it), it fails as an overlap."""
+    repo, _, a2, haves = _history(root, server, tmp_path, rewrite=False)
+    store, refused = _refused(repo, a2, haves)
+    candidate = refused.candidate.plan()
+    history = StoreHistory(store)
+    commits = sorted({c for v in candidate.versions for c in history.introduced_commits(v)})
+    assert commits and set(commits) <= set(h.out("rev-list", a2, *[f"^{x}" for x in haves], cwd=str(repo)).split())
+    ok = plancheck.check(str(repo), dict(os.environ), store.packs_dir, candidate.packs, [a2], haves, {}, True,
+                         commits=commits)
+    assert ok.ok, ok
+    held = plancheck.check(str(repo), dict(os.environ), store.packs_dir, candidate.packs, [a2], haves, {}, True,
+                           commits=commits + [haves[0]])
+    assert (held.ok, held.why) == (False, "overlap"), held

@@ -608,8 +608,10 @@ def _checked(ctx, req: FetchRequest, store, history, refused, stock_ends: _Stock
     ctx.trace["plan_us"] = ctx.trace.get("plan_us", 0) + round(walked * 1e6)
     if candidate is None:
         return refused
+    commits = () if candidate.partial else sorted({c for v in candidate.versions
+                                                   for c in history.introduced_commits(v)})
     verdict = plancheck.check(ctx.gitdir, ctx.env, store.packs_dir, candidate.packs, req.wants, req.haves, tags,
-                              req.has_capability("include-tag"), history.indexes, candidate.partial)
+                              req.has_capability("include-tag"), history.indexes, candidate.partial, commits)
     ctx.trace.update(checked=verdict.why or "ok",
                      check_us=round((time.perf_counter() - t0 - walked) * 1e6))
     if not verdict.ok:
