@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,7 @@ def test_fetch_right_after_a_push_waits_for_its_pack(kind, root, server_factory,
     work, client = tmp_path / "work", tmp_path / "client"
     h.git("clone", "-q", server.url + "/repo.git", str(work))
     h.git("-c", "protocol.version=2", "clone", "-q", server.url + "/repo.git", str(client))
+    h.wait_packs_built(repo)            # no fetch waits for the import's pack: git answers meanwhile
     for i, url in enumerate((server.url, stock.url)):
         (work / "w.txt").write_text(f"{i}\n" * 80)
         pk.commit(work, f"w{i}")
@@ -205,6 +207,34 @@ def test_hidden_refs_objects_never_sent_from_stored_packs(root, server_factory, 
     h.fsck_strict(str(a))
     assert h.out("rev-parse", "refs/heads/main", cwd=str(a)) == h.out("rev-parse", "main", cwd=str(repo))
     assert h.git("cat-file", "-e", secret, cwd=str(a), check=False).returncode != 0
+
+
+def test_a_new_repositorys_first_push_is_fetched_from_its_pack_at_once(root, server_factory, tmp_path):
+    """An empty repository's import holds nothing: a clone right after its
+    first push waits for that push's build (and the empty import's), as
+    after any push, and is planned. Here the builds wait a second for the
+    machine's one build slot, which the test holds meanwhile."""
+    h.git("init", "-q", "--bare", str(root / "new.git"))
+    repo = pk.enable_push(root / "new.git")
+    run = tmp_path / "run"
+    run.mkdir()
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_BUILD_WAIT_MS="30000", ASPEN_CACHE="off",
+                            ASPEN_RUN_DIR=str(run), ASPEN_BUILDS_PER_SERVER="1")
+    work = tmp_path / "work"
+    h.git("clone", "-q", str(root / "repo.git"), str(work))
+    slot = os.open(run / "build.slot.0", os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(slot, fcntl.LOCK_EX)
+    release = threading.Timer(1.0, lambda: os.close(slot))
+    try:
+        h.git("push", "-q", server.url + "/new.git", "HEAD:refs/heads/main", cwd=str(work))
+        release.start()
+        client = tmp_path / "client.git"
+        _clone(server.url + "/new.git", client, 2)
+    finally:
+        release.join()
+    assert "plan=planned" in _plans(server)[-1], _plans(server)[-1]
+    h.fsck_strict(str(client))
+    assert h.refs_of(str(client)) == h.refs_of(str(repo))
 
 
 @pytest.mark.timeout(180)

@@ -193,8 +193,10 @@ def await_built(gitdir: str, store, env: Mapping[str, str],
     are being built (right after a push, say) starts a builder if none is
     running and waits for it up to ASPEN_BUILD_WAIT_MS, so that it is served
     from the pack of the push it came for rather than by git. Never while
-    the import version lacks its pack: a client never waits for work that
-    only makes later answers smaller (measured: every clone of the bench's
+    the import version of a repository that had refs lacks its pack (an
+    empty one's is built in an instant, as a new repository's first push
+    is): a client never waits for work that only makes later answers
+    smaller (measured: every clone of the bench's
     medium repository during its import had waited the 2 s, 2.96x stock's
     wall time; the first clone of its small one, 1.5 MiB, waited the
     import's 1.2 s, 11x stock's). Its build is started at once, or, given
@@ -205,7 +207,7 @@ def await_built(gitdir: str, store, env: Mapping[str, str],
         return True
     if not enabled(settings.of(env)):
         return False
-    if unbuilt[0] == 1:
+    if unbuilt[0] == 1 and store.version_values(1):
         packs = store.packs_dir
         if later is None:
             kick(gitdir, packs, env)
