@@ -170,6 +170,30 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_db(args: argparse.Namespace) -> int:
+    from .refstore import store as refstore  # startup
+    url = args.url or aspen_settings.of(os.environ).refstore_url
+    if not url:
+        print("aspen db: no database: give its URL or set ASPEN_REFSTORE_URL", file=sys.stderr)
+        return 2
+    try:
+        stores = refstore.database_stores(url, init=args.action == "init")
+    except refstore.db.Error as e:      # type: ignore[misc]
+        print(f"aspen db {args.action}: {e}", file=sys.stderr)
+        return 1
+    except refstore.db.Busy as e:
+        print(f"aspen db {args.action}: the database did not answer: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps([{"repo": r, "schema": sc, "schema_version": v} for r, sc, v in stores]))
+    elif args.action == "init":
+        print(f"aspen db init: ready, {len(stores)} store(s)")
+    else:
+        for r, sc, v in stores:
+            print(f"{sc}  schema {v}  {r}")
+    return 0
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     if args.background:
         return _import_background(args)
@@ -740,6 +764,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "other installs' too")
     res.add_argument("--json", action="store_true", help="print them as JSON")
     res.set_defaults(func=_cmd_resident)
+
+    dbp = sub.add_parser("db", help="the PostgreSQL database of ref stores (ASPEN_REFSTORE_URL): init, list",
+                         description="init: make the database's list of stores (each repository's store, a "
+                                     "schema of its own, is made on its first request); list: every store in "
+                                     "it, with the repository it is known by (docs/cluster.md).")
+    dbp.add_argument("action", choices=("init", "list"), help="init: make the list of stores; list: show them")
+    dbp.add_argument("url", nargs="?", help="the database's postgresql:// URL (default: ASPEN_REFSTORE_URL)")
+    dbp.add_argument("--json", action="store_true", help="print the stores as JSON")
+    dbp.set_defaults(func=_cmd_db)
 
     st = sub.add_parser("stats", help="response cache, admission and server metrics figures",
                         description="For each repository: requests answered through the response cache, the hit "

@@ -53,6 +53,7 @@ COUNT = "count"             # a whole number >= 1 -> int
 COUNT0 = "count0"           # a whole number >= 0 -> int
 PATH = "path"               # a path, as given -> str
 HEADER = "header"           # an HTTP header name -> str
+DB_URL = "db-url"           # a postgresql:// (or postgres://) connection URL -> str
 # A mode is a dict: each accepted word (lower case) -> the value it means.
 
 _BOOL_WORDS = "`true`/`false`, `yes`/`no`, `on`/`off`, `1`/`0`"
@@ -66,6 +67,7 @@ ACCEPTED = {
     COUNT0: "a whole number from `0`",
     PATH: "a directory",
     HEADER: "an HTTP header name (`X-Remote-User`)",
+    DB_URL: "a `postgresql://` URL (libpq's: `postgresql://aspen@db.example/aspen`)",
 }
 
 
@@ -111,6 +113,15 @@ TABLE = (
      "keep the ref store; `0`: serve refs straight from the disk"),
     ("ASPEN_STORE_WAIT", "store_wait", SECONDS, 30.0, "`30`", None,
      "how long a push waits for a ref store another process holds locked (then git writes the refs alone)"),
+    ("ASPEN_REFSTORE_URL", "refstore_url", DB_URL, None, "unset: a SQLite file in each repository's state",
+     None, "keep every repository's ref store in this PostgreSQL database (one schema each; "
+     "docs/cluster.md), not in SQLite files; needs the `cluster` extra (psycopg)"),
+    ("ASPEN_REFSTORE_POOL", "refstore_pool", COUNT, 4, "`4`", None,
+     "connections to that database per server process (its pool's most)"),
+    ("ASPEN_CLUSTER", "cluster", HEADER, None, "unset", None,
+     "the name of the tree of repositories this server serves with others from one ASPEN_REFSTORE_URL: "
+     "a store is known by this name and the repository's path under GIT_PROJECT_ROOT, the same on every "
+     "node; unset: by the repository's absolute path"),
     # limits
     ("ASPEN_MAX_PUSH_BYTES", "max_push_bytes", SIZE, 0, "`0` (unlimited)", None,
      "a push's request body, raw and inflated: over it, `413`, no ref changes"),
@@ -235,6 +246,10 @@ def _parse(kind, text: str):
         return text
     if kind is HEADER:
         if not all(c in _TOKEN for c in text):
+            raise ValueError(text)
+        return text
+    if kind is DB_URL:
+        if not (text.startswith("postgresql://") or text.startswith("postgres://")):
             raise ValueError(text)
         return text
     return kind[text.lower()]                   # a mode: KeyError is a LookupError, not a ValueError

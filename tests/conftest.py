@@ -33,6 +33,35 @@ def dev_null_left_as_found():
         pytest.fail(f"/dev/null's mode changed during this test: {oct(before)} -> {oct(after)} (restored)")
 
 
+# -- the ref store in PostgreSQL: ASPEN_TEST_REFSTORE=postgresql ---------------------------------
+# Each pytest process starts its own PostgreSQL (tests/pgserver.py) and keeps every store of its
+# tests in one database of it (ASPEN_REFSTORE_URL, inherited by the servers the tests start);
+# after each test every store in it is dropped.
+
+PG_MODE = os.environ.get("ASPEN_TEST_REFSTORE") == "postgresql"
+
+
+def _pg_database() -> str:
+    from . import pgserver
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return pgserver.server().create_database(f"aspen_{worker}")
+
+
+@pytest.fixture(autouse=PG_MODE)
+def refstore_in_postgresql(tmp_path: Path):
+    """Stores are known by their repositories' absolute paths (no
+    ASPEN_CLUSTER): those under this test's directory are dropped after it."""
+    yield
+    from aspen_cgi.refstore import db, pgconn, store
+    conn = pgconn.PgConn(os.environ["ASPEN_REFSTORE_URL"], "public", 2, db.PG_USE_SCHEMA)
+    db.pg_init(conn)
+    mine = os.path.realpath(tmp_path) + "/"
+    for repo, _, _ in db.pg_stores(conn):
+        if repo.startswith(mine):
+            db.pg_drop(conn, repo)
+    store.forget_pg_stores()
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A project root holding `repo.git` with a small history."""
@@ -117,8 +146,19 @@ def _own_basetemp(config) -> None:
     config.option.basetemp = tempfile.mkdtemp(prefix="r-", dir=TEMP_ROOT)
 
 
+SQLITE_ONLY = "sqlite_store"
+
+
 def pytest_configure(config):
     _own_basetemp(config)
+    testing = hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+    if PG_MODE and testing and "ASPEN_REFSTORE_URL" not in os.environ:
+        os.environ["ASPEN_REFSTORE_URL"] = _pg_database()   # before any server of any scope starts
+    if PG_MODE and testing:
+        harness.BASE_ENV["ASPEN_REFSTORE_URL"] = os.environ["ASPEN_REFSTORE_URL"]   # CGI runs' clean env
+    config.addinivalue_line(
+        "markers", f"{SQLITE_ONLY}(reason): this test is about the SQLite file itself (say what); the "
+                   "PostgreSQL pass (ASPEN_TEST_REFSTORE=postgresql) leaves it to the SQLite pass")
     config.addinivalue_line(
         "markers", f"{UNCHECKED}(reason): this test leaves its repositories' ref stores inconsistent on "
                    "purpose (say why); the check after its gunicorn servers stop is skipped")
@@ -145,3 +185,19 @@ def pytest_runtest_teardown(item, nextitem):
                     lines.append(f"  {repo}:")
                     lines += [f"    {p}" for p in probs]
                 pytest.fail("\n".join(lines), pytrace=False)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The PostgreSQL pass runs every test but those about the SQLite file
+    itself (deselected: they run in the SQLite pass, never skipped)."""
+    if not PG_MODE:
+        return
+    keep, drop = [], []
+    for item in items:
+        mark = item.get_closest_marker(SQLITE_ONLY)
+        if mark is not None and not (mark.args or mark.kwargs.get("reason")):
+            raise pytest.UsageError(f"@pytest.mark.{SQLITE_ONLY} needs a reason: {item.nodeid}")
+        (drop if mark is not None else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -386,7 +386,9 @@ def verify_refstores(root: Path, server_env: Optional[dict] = None) -> dict[str,
     env.pop("GIT_NAMESPACE", None)
     if env.get(DISABLE_ENV) == "0":
         return {}
-    todo = [g for g in git_dirs(root) if os.path.isfile(os.path.join(state_dir(str(g), settings.of(env)), "aspen.sqlite3"))]
+    dirs = git_dirs(root)
+    record = "aspen.pg" if dirs and settings.of(env).refstore_url else "aspen.sqlite3"
+    todo = [g for g in dirs if os.path.isfile(os.path.join(state_dir(str(g), settings.of(env)), record))]
     # one short-lived thread per repository: the store's connections are per thread and go with it
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda g: _verify_one(g, dict(env, GIT_DIR=str(g))), todo))
@@ -455,3 +457,55 @@ def wait_packs_built(repo: Path, timeout: float = 120) -> None:
         assert time.monotonic() < deadline, f"version packs of {repo} not built in {timeout} s"
         time.sleep(0.05)
         store.sync()
+
+
+# -- a store's tables read and written beside Aspen (either engine) ----------------------------------
+
+def store_file(gitdir) -> str:
+    """The file in a repository's state that says it has a ref store: the
+    SQLite file, or with ASPEN_REFSTORE_URL the record of its PostgreSQL store."""
+    return "aspen.pg" if os.environ.get("ASPEN_REFSTORE_URL") else "aspen.sqlite3"
+
+
+def _side_connection(store):
+    if isinstance(store, (str, Path)):          # a repository: its store as the server keeps it
+        url = os.environ.get("ASPEN_REFSTORE_URL")
+        state = Path(store) / "aspen"
+        if not url:
+            import sqlite3
+            return sqlite3.connect(str(state / "aspen.sqlite3"))
+        from aspen_cgi.refstore import db, pgconn
+        key = (state / "aspen.pg").read_text(errors="surrogateescape").split("\n")[0]
+        return pgconn.PgConn(url, db.pg_schema(key), 1, db.PG_USE_SCHEMA)
+    if getattr(store.conn, "dialect", "sqlite") == "sqlite":
+        import sqlite3
+        return sqlite3.connect(store.path)
+    from aspen_cgi.refstore import db, pgconn
+    return pgconn.PgConn(store.conn.url, store.conn.schema, 1, db.PG_USE_SCHEMA)
+
+
+def store_rows(store, query: str, args=()) -> list[tuple]:
+    """QUERY's rows from STORE's tables (a RefStore, or a repository's path)
+    over a connection of its own (either engine)."""
+    conn = _side_connection(store)
+    try:
+        return [tuple(r) for r in conn.execute(query, args)]
+    finally:
+        conn.close()
+
+
+def store_write(store, *statements: str) -> None:
+    """Run STATEMENTS on STORE's tables in one transaction of a connection of its own."""
+    conn = _side_connection(store)
+    try:
+        if getattr(conn, "dialect", None) == "postgresql":
+            conn.begin("BEGIN")
+            for s in statements:
+                conn.execute(s)
+            conn.commit()
+        else:
+            for s in statements:
+                conn.execute(s)
+            conn.commit()
+    finally:
+        conn.close()

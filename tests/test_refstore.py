@@ -67,22 +67,12 @@ def in_new_thread(fn):
 
 
 def sql(store: RefStore, query: str, args=()) -> list[tuple]:
-    """Read the store's SQLite file directly (a separate connection)."""
-    conn = sqlite3.connect(store.path)
-    try:
-        return list(conn.execute(query, args))
-    finally:
-        conn.close()
+    """Read the store's tables directly (a separate connection)."""
+    return h.store_rows(store, query, args)
 
 
 def sql_write(store: RefStore, *statements: str) -> None:
-    conn = sqlite3.connect(store.path)
-    try:
-        for s in statements:
-            conn.execute(s)
-        conn.commit()
-    finally:
-        conn.close()
+    h.store_write(store, *statements)
 
 
 def commits(repo: Path, n: int, parent: Optional[str] = None, tag: str = "c") -> list[str]:
@@ -511,6 +501,7 @@ def test_external_versions_are_compacted_too(tmp_path):
 
 # ---------------------------------------------------------------- schema
 
+@pytest.mark.sqlite_store("the file's PRAGMAs and sqlite_master")
 def test_schema_version_recorded_and_reopening_does_not_migrate(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)
@@ -533,6 +524,7 @@ def test_schema_version_recorded_and_reopening_does_not_migrate(tmp_path):
     assert [v.kind for v in store.log()] == ["import"]
 
 
+@pytest.mark.sqlite_store("migrations of older SQLite files")
 def test_a_schema_3_store_gains_commit_parents_and_builds_record_them(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)
@@ -550,6 +542,7 @@ def test_a_schema_3_store_gains_commit_parents_and_builds_record_them(tmp_path):
     assert {v for v, _ in facts.values()} == {(1,)}
 
 
+@pytest.mark.sqlite_store("migrations of older SQLite files")
 def test_a_schema_4_store_gains_commit_times_and_a_later_record_fills_them(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
     store = open_store(repo)
@@ -698,12 +691,13 @@ def test_deleting_the_state_directory_under_a_running_process_reimports(tmp_path
     again.sync()
     topic = h.out("rev-parse", "topic", cwd=str(repo))
     ok(again, [RefChange("refs/heads/after", ZERO, topic)], who="w")
-    assert (repo / "aspen" / "aspen.sqlite3").is_file()             # fails: never created again
+    assert (repo / "aspen" / h.store_file(repo)).is_file()          # fails: never created again
     res = subprocess.run([ASPEN, "log", str(repo), "--json"], capture_output=True, text=True, timeout=60)
     kinds = [json.loads(line)["kind"] for line in res.stdout.splitlines()]
     assert kinds == ["push", "import"]
 
 
+@pytest.mark.sqlite_store("migrations of older SQLite files")
 def test_a_schema_5_store_gains_push_certificates(tmp_path):
     """Migration 6: a table of push certificates beside the versions; a version
     written with a certificate reads back with it, the others without."""

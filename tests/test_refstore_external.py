@@ -93,17 +93,14 @@ class Pair:
         return self.repo / "aspen" / "aspen.sqlite3"
 
     def versions(self) -> list[tuple[int, str, list[tuple[str, str, str, bool]]]]:
-        """The store's versions read straight from its SQLite file (no sync, unlike the CLI)."""
-        conn = sqlite3.connect(str(self.store_path))
-        try:
-            out = []
-            for vid, kind in conn.execute("SELECT id, kind FROM versions ORDER BY id"):
-                ups = [(r, o, n, bool(f)) for r, o, n, f in
-                       conn.execute("SELECT ref, old, new, ff FROM updates WHERE version = ? ORDER BY ref", (vid,))]
-                out.append((vid, kind, ups))
-            return out
-        finally:
-            conn.close()
+        """The store's versions read straight from its tables (no sync, unlike the CLI)."""
+        out = []
+        for vid, kind in h.store_rows(self.repo, "SELECT id, kind FROM versions ORDER BY id"):
+            ups = [(r, o, n, bool(f)) for r, o, n, f in
+                   h.store_rows(self.repo, "SELECT ref, old, new, ff FROM updates WHERE version = ? ORDER BY ref",
+                                (vid,))]
+            out.append((vid, kind, ups))
+        return out
 
     def rev(self, what: str) -> str:
         return h.out("rev-parse", what, cwd=str(self.repo))
@@ -380,6 +377,7 @@ def test_store_that_cannot_be_kept_serves_refs_from_disk(root, server_factory, c
             os.chmod(n, m)
 
 
+@pytest.mark.sqlite_store("where the SQLite file is kept")
 def test_aspen_state_dir_keeps_the_store_outside_the_repository(root, server_factory, cgi_server_factory, tmp_path):
     repo = pk.enable_push(root / "repo.git")
     state = tmp_path / "state"
@@ -410,6 +408,7 @@ def test_aspen_state_dir_keeps_the_store_outside_the_repository(root, server_fac
 
 # ---------------------------------------------------------------- the suite's own check (conftest.py)
 
+@pytest.mark.sqlite_store("the suite's check finds SQLite files and corrupts them")
 def test_harness_verify_finds_stores_where_the_server_keeps_them(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
@@ -489,6 +488,8 @@ def test_suite_check_fails_the_test_that_leaves_a_store_inconsistent(tmp_path):
                                        "# noqa: F401\n")
     (suite / "test_checked.py").write_text(CHECKED_SUITE)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    for name in ("ASPEN_TEST_REFSTORE", "ASPEN_REFSTORE_URL"):      # its suite corrupts SQLite files
+        env.pop(name, None)
     res = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q",
                           "--rootdir", str(suite), str(suite)], capture_output=True, text=True, env=env,
                          cwd=str(suite), timeout=240)

@@ -80,7 +80,7 @@ def _settled(store: RefStore, timeout: float = 60) -> None:
 
 def _windows(repo: Path) -> dict[int, int]:
     store = RefStore.open(str(repo), dict(os.environ), create=False)
-    return dict(store.conn.execute("SELECT version, window FROM version_packs"))
+    return dict(store.conn.execute('SELECT version, "window" FROM version_packs'))
 
 
 def test_pushes_leave_the_clients_packs_as_version_packs(root, server_factory, tmp_path):

@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
+from . import pgconn
 
 SCHEMA_VERSION = 9
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
@@ -40,8 +41,8 @@ READ_WAIT = 2.0          # a request that only reads refs: then they come from t
 STORE_WAIT = settings.default("ASPEN_STORE_WAIT")   # a push's default patience for a locked store
 
 T = TypeVar("T")
-Conn = sqlite3.Connection
-Error = sqlite3.Error
+Conn = sqlite3.Connection       # or a pgconn.PgConn: the same few methods
+Error = sqlite3.Error           # either engine's (pgconn.StoreError is one)
 
 
 class Unstorable(sqlite3.DataError):
@@ -55,6 +56,7 @@ class Busy(Exception):
 
 class _Connection(sqlite3.Connection):
     """A connection that holds the file its writers queue on."""
+    dialect = "sqlite"
     writer_fd: Optional[int] = None
     busy_ms: int = BUSY_MS
 
@@ -153,7 +155,7 @@ def _m7(db) -> None:
                        not_null={"prev", "hash", "start", "text"},
                        if_not_exists=True)   # tests make "older" stores by setting user_version back
     latest = db.conn.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0]
-    db.conn.execute("INSERT OR IGNORE INTO state(key, value) VALUES ('chain_from', ?)", (str(latest + 1),))
+    db.conn.execute("INSERT INTO state(key, value) VALUES ('chain_from', ?) ON CONFLICT DO NOTHING", (str(latest + 1),))
 
 
 def _m8(db) -> None:
@@ -202,6 +204,136 @@ SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_sche
     "CREATE INDEX idx_updates_rewinds ON updates (ref, version) WHERE ff = 0",
     "INSERT INTO state(key, value) VALUES ('chain_from', '1')",
 )
+
+
+# -- PostgreSQL -------------------------------------------------------------------------
+# One database holds every repository's store, each in a schema of its own
+# (pg_schema(): the same tables as a SQLite file, so every query above and
+# below runs on both), listed in public.aspen_stores. Its types differ:
+# integers are 64-bit as SQLite's, text compares bytewise as SQLite's (the
+# "C" collation), times are double precision. A schema is made at
+# SCHEMA_VERSION; a store whose recorded version is older is refused.
+
+def _pg_ddl(statement: str) -> str:
+    import re  # startup: only when a PostgreSQL store is made
+    statement = re.sub(r"\bTEXT\b", 'TEXT COLLATE "C"', statement)
+    statement = re.sub(r"\bINTEGER\b", "BIGINT", statement)
+    statement = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
+    return re.sub(r"\bBLOB\b", "BYTEA", statement)
+
+
+PG_TABLES = ("versions", "updates", "tips", "introduced", "refs", "segments", "segment_refs", "state",
+             "version_packs", "boundaries", "segment_packs", "commit_parents", "push_certs", "chain")
+PG_REGISTRY = ('CREATE TABLE IF NOT EXISTS public.aspen_stores (repo TEXT COLLATE "C" PRIMARY KEY,'
+               ' schema_name TEXT NOT NULL UNIQUE, schema_version INTEGER NOT NULL, made TEXT NOT NULL,'
+               ' created_at DOUBLE PRECISION)')
+PG_USE_SCHEMA = "SELECT set_config('search_path', %s, false)"
+PG_LOCK_REGISTRY = 7_041_729_385_113   # the advisory lock taken while a store's schema is made
+
+
+def pg_schema(repo: str) -> str:
+    """The schema of the store of the repository known as REPO (its path under the project root)."""
+    import hashlib  # startup: only for a PostgreSQL store
+    return "r_" + hashlib.sha1(repo.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def _pg_lock_key(schema: str) -> int:
+    """The advisory lock a store's writers take turns on (64 bits of its schema's name)."""
+    import hashlib  # startup: only for a PostgreSQL store
+    return int.from_bytes(hashlib.sha1(schema.encode()).digest()[:8], "big", signed=True)
+
+
+def connect_pg(url: str, repo: str, pool_size: int, create: bool = True,
+               known: Optional[str] = None) -> Optional[tuple[pgconn.PgConn, str]]:
+    """The store of the repository known as REPO in the database at URL, and
+    the token of its making. KNOWN is the token the repository's state
+    directory recorded (None: it records none). A store the repository does
+    not know of was made for an earlier repository of that name: with
+    CREATE it is dropped and made anew, as is a missing one; without, None."""
+    conn = pgconn.PgConn(url, pg_schema(repo), pool_size, PG_USE_SCHEMA)
+    row = _registered(conn, repo)
+    if row is not None and known is None:
+        if not create:
+            return None
+        _retry(lambda: _pg_create(conn, repo, replace=row[1]))
+        row = _registered(conn, repo)
+    elif row is None and create:
+        _retry(lambda: _pg_create(conn, repo))
+        row = _registered(conn, repo)
+    if row is None:
+        return None
+    if row[0] != SCHEMA_VERSION:
+        raise pgconn.StoreError(f"the store of {repo} is at schema {row[0]}, this Aspen reads {SCHEMA_VERSION}")
+    return conn, row[1]
+
+
+def _registered(conn: pgconn.PgConn, repo: str) -> Optional[tuple]:
+    def ask() -> Optional[tuple]:
+        try:
+            return conn.execute("SELECT schema_version, made FROM public.aspen_stores WHERE repo = ?",
+                                (repo,)).fetchone()
+        except pgconn.StoreError as e:
+            if "UndefinedTable" not in str(e):
+                raise
+            pg_init(conn)
+            return None
+    return _retry(ask)
+
+
+def pg_init(conn: pgconn.PgConn) -> None:
+    """The database's list of stores (`aspen db init`; made by a first store too)."""
+    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
+    try:
+        conn.execute(PG_REGISTRY)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+def _pg_create(conn: pgconn.PgConn, repo: str, replace: Optional[str] = None) -> None:
+    """Make REPO's store, unless another process did meanwhile; REPLACE: the
+    token of a store to drop first (unless another process did meanwhile)."""
+    import uuid  # startup: only when a PostgreSQL store is made
+    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
+    try:
+        row = conn.execute("SELECT made FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
+        if row is not None and replace is not None and row[0] == replace:
+            conn.execute("DELETE FROM public.aspen_stores WHERE repo = ?", (repo,))
+            row = None
+        if row is None:
+            conn.execute(f"DROP SCHEMA IF EXISTS {conn.schema} CASCADE")   # a replaced or half-made one
+            conn.execute(f"CREATE SCHEMA {conn.schema}")
+            conn.execute(f"SET LOCAL search_path TO {conn.schema}")
+            for statement in SCHEMA:
+                conn.execute(_pg_ddl(statement))
+            conn.execute("INSERT INTO public.aspen_stores(repo, schema_name, schema_version, made, created_at)"
+                         " VALUES (?, ?, ?, ?, extract(epoch from now()))",
+                         (repo, conn.schema, SCHEMA_VERSION, uuid.uuid4().hex))
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+def pg_stores(conn: pgconn.PgConn) -> list[tuple[str, str, int]]:
+    """(repository, schema, schema version) of every store in the database."""
+    return list(conn.execute("SELECT repo, schema_name, schema_version FROM public.aspen_stores ORDER BY repo"))
+
+
+def pg_drop(conn: pgconn.PgConn, repo: str) -> bool:
+    """Remove the store of the repository known as REPO (False: there was none)."""
+    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
+    try:
+        gone = conn.execute("DELETE FROM public.aspen_stores WHERE repo = ? RETURNING schema_name",
+                            (repo,)).fetchone()
+        if gone:
+            conn.execute(f"DROP SCHEMA IF EXISTS {gone[0]} CASCADE")
+        conn.commit()
+        return gone is not None
+    except BaseException:
+        conn.rollback()
+        raise
 
 
 def schema_tools():
@@ -310,8 +442,8 @@ def _retry(fn: Callable[[], T], deadline: Optional[float] = None) -> T:
     while True:
         try:
             return fn()
-        except sqlite3.OperationalError as e:
-            if not _busy(e):
+        except (sqlite3.OperationalError, pgconn.Retryable) as e:
+            if isinstance(e, sqlite3.OperationalError) and not _busy(e):
                 raise
             if time.monotonic() + delay > deadline:
                 raise Busy(str(e)) from e
@@ -355,8 +487,29 @@ def write(conn: Conn, fn: Callable[[Conn], T]) -> T:
     patience counts from the call, the turn included: a request waits no
     longer than its patience behind writers held up by a lock taken elsewhere."""
     deadline = _deadline()
+    if conn.dialect != "sqlite":
+        return _retry(lambda: _pg_write_once(conn, fn, deadline), deadline)
     with _writer_turn(conn, deadline):
         return _retry(lambda: _write_once(conn, fn, deadline), deadline)
+
+
+def _pg_write_once(conn: pgconn.PgConn, fn: Callable[[Conn], T], deadline: float) -> T:
+    """One write transaction of a PostgreSQL store: its writers take turns
+    on an advisory lock of the store's, waited for until DEADLINE (a lock
+    wait past it is Retryable, and then Busy)."""
+    ms = max(1, int((deadline - time.monotonic()) * 1000))
+    conn.begin("BEGIN", [("SELECT set_config('lock_timeout', ?, true)", (f"{ms}ms",)),
+                         ("SELECT pg_advisory_xact_lock(?)", (_pg_lock_key(conn.schema),))])
+    try:
+        out = fn(conn)        # type: ignore[arg-type]
+        conn.commit()
+        return out
+    except UnicodeEncodeError as e:
+        conn.rollback()
+        raise _unstorable(e) from None
+    except BaseException:
+        conn.rollback()
+        raise
 
 
 def _bound_wait(conn: Conn, deadline: float) -> None:
@@ -378,8 +531,7 @@ def _write_once(conn: Conn, fn: Callable[[Conn], T], deadline: float) -> T:
         except UnicodeEncodeError as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            bad = e.object[e.start:e.end].encode("utf-8", "surrogateescape") if isinstance(e.object, str) else b""
-            raise Unstorable(f"a ref name is not valid UTF-8 ({bad!r})") from None
+            raise _unstorable(e) from None
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -387,9 +539,22 @@ def _write_once(conn: Conn, fn: Callable[[Conn], T], deadline: float) -> T:
     return run()
 
 
+def _unstorable(e: UnicodeEncodeError) -> Unstorable:
+    bad = e.object[e.start:e.end].encode("utf-8", "surrogateescape") if isinstance(e.object, str) else b""
+    return Unstorable(f"a ref name is not valid UTF-8 ({bad!r})")
+
+
 @contextmanager
 def reading(conn: Conn) -> Iterator[Conn]:
     """One consistent read snapshot."""
+    if conn.dialect != "sqlite":
+        _retry(lambda: conn.begin("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.commit()
+        return
     _retry(lambda: conn.execute("BEGIN"))
     try:
         yield conn
@@ -474,9 +639,9 @@ def delete_refs(conn: Conn, names: Iterable[str]) -> None:
 
 def insert_version(conn: Conn, kind: str, who: Optional[str], at: float, push_id: Optional[str],
                    state: str, owner: Optional[str]) -> int:
-    cur = conn.execute("INSERT INTO versions(kind, who, at, push_id, state, owner) VALUES (?, ?, ?, ?, ?, ?)",
-                       (kind, who, at, push_id, state, owner))
-    return cur.lastrowid
+    return conn.execute("INSERT INTO versions(id, kind, who, at, push_id, state, owner)"
+                        " VALUES ((SELECT coalesce(max(id), 0) + 1 FROM versions), ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (kind, who, at, push_id, state, owner)).fetchone()[0]
 
 
 def insert_push_cert(conn: Conn, version: int, cert: PushCert) -> None:
@@ -502,12 +667,12 @@ def insert_updates(conn: Conn, version: int, rows: Iterable[tuple[str, str, str,
 
 def insert_tips(conn: Conn, version: int, rows: Iterable[tuple[str, str]]) -> None:
     """ROWS: (commit or object id, ref)."""
-    conn.executemany("INSERT OR IGNORE INTO tips(commit_oid, version, ref) VALUES (?, ?, ?)",
+    conn.executemany("INSERT INTO tips(commit_oid, version, ref) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
                      [(c, version, r) for c, r in rows])
 
 
 def insert_introduced(conn: Conn, version: int, commits: Iterable[str]) -> None:
-    conn.executemany("INSERT OR IGNORE INTO introduced(version, commit_oid) VALUES (?, ?)",
+    conn.executemany("INSERT INTO introduced(version, commit_oid) VALUES (?, ?) ON CONFLICT DO NOTHING",
                      [(version, c) for c in commits])
 
 
@@ -516,15 +681,17 @@ def insert_parents(conn: Conn, parents: Mapping[str, Sequence[str]], times: Mapp
     commit's parents and time never change: the first row stays, given the
     time it lacked."""
     conn.executemany("INSERT INTO commit_parents(commit_oid, parents, ctime) VALUES (?, ?, ?)"
-                     " ON CONFLICT(commit_oid) DO UPDATE SET ctime = excluded.ctime WHERE ctime IS NULL",
+                     " ON CONFLICT(commit_oid) DO UPDATE SET ctime = excluded.ctime"
+                     " WHERE commit_parents.ctime IS NULL",
                      [(c, " ".join(ps), times.get(c)) for c, ps in parents.items()])
 
 
 def commit_facts(conn: Conn, commits: Sequence[str]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
     """commit -> (the versions that introduced it, oldest first; its parents),
     for those of COMMITS whose parents a build recorded (per 500 a query)."""
-    rows = _rows_in(conn, "SELECT p.commit_oid, p.parents, (SELECT group_concat(version) FROM"
-                          " (SELECT version FROM introduced i WHERE i.commit_oid = p.commit_oid ORDER BY version))"
+    concat = "group_concat(version)" if conn.dialect == "sqlite" else "string_agg(version::text, ',')"
+    rows = _rows_in(conn, "SELECT p.commit_oid, p.parents, (SELECT " + concat + " FROM"
+                          " (SELECT version FROM introduced i WHERE i.commit_oid = p.commit_oid ORDER BY version) o)"
                           " FROM commit_parents p WHERE p.commit_oid IN (%s)", list(dict.fromkeys(commits)))
     return {c: (tuple(int(v) for v in vs.split(",")) if vs else (), tuple(ps.split())) for c, ps, vs in rows}
 
@@ -583,7 +750,8 @@ def drop_introduced(conn: Conn, version: int) -> None:
 
 def claim_pending(conn: Conn, version: int, owner: Optional[str], me: str) -> bool:
     """Take over pending VERSION from its dead OWNER (False when someone else did first)."""
-    return conn.execute("UPDATE versions SET owner = ? WHERE id = ? AND state = 'pending' AND owner IS ?",
+    return conn.execute("UPDATE versions SET owner = ? WHERE id = ? AND state = 'pending'"
+                        " AND owner IS NOT DISTINCT FROM ?",
                         (me, version, owner)).rowcount == 1
 
 
@@ -768,7 +936,8 @@ def segment_summary(conn: Conn, level: int, idx: int, lo: int, hi: int) -> dict[
 
 def insert_segment(conn: Conn, level: int, idx: int, lo: int, hi: int,
                    summary: dict[str, tuple[str, str, bool]]) -> None:
-    conn.execute("INSERT OR REPLACE INTO segments(level, idx, lo, hi, refs) VALUES (?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO segments(level, idx, lo, hi, refs) VALUES (?, ?, ?, ?, ?) ON CONFLICT (level, idx)"
+                 " DO UPDATE SET lo = excluded.lo, hi = excluded.hi, refs = excluded.refs",
                  (level, idx, lo, hi, len(summary)))
     conn.execute("DELETE FROM segment_refs WHERE level = ? AND idx = ?", (level, idx))
     conn.executemany("INSERT INTO segment_refs(level, idx, ref, first_old, last_new, all_ff) VALUES (?, ?, ?, ?, ?, ?)",
@@ -847,7 +1016,7 @@ def version_at_time(conn: Conn, at: float) -> int:
     microsecond, the finest a time can be written in: compared as floats, a
     version's own time written to the microsecond and read back fell an ulp
     short of it 0.6% of the time (tests/test_undo.py failed so)."""
-    row = conn.execute("SELECT max(id) FROM versions WHERE state = 'done' AND CAST(at * 1000000 AS INTEGER) <= ?",
+    row = conn.execute("SELECT max(id) FROM versions WHERE state = 'done' AND CAST(at * 1000000 AS BIGINT) <= ?",
                        (round(at * 1_000_000),)).fetchone()
     return row[0] or 0
 
@@ -861,10 +1030,13 @@ def rewritten_between(conn: Conn, lo: int, hi: int) -> bool:
 
 def record_pack(conn: Conn, version: int, name: str, objects: int, size: int, at: float,
                 window: int, depth: int, compression: int, boundary: Iterable[str]) -> None:
-    conn.execute("INSERT OR REPLACE INTO version_packs(version, name, objects, size, built_at, window, depth,"
-                 " compression) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO version_packs(version, name, objects, size, built_at, \"window\", depth,"
+                 " compression) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (version) DO UPDATE SET"
+                 " name = excluded.name, objects = excluded.objects, size = excluded.size,"
+                 " built_at = excluded.built_at, \"window\" = excluded.\"window\", depth = excluded.depth,"
+                 " compression = excluded.compression",
                  (version, name, objects, size, at, window, depth, compression))
-    conn.executemany("INSERT OR IGNORE INTO boundaries(version, commit_oid) VALUES (?, ?)",
+    conn.executemany("INSERT INTO boundaries(version, commit_oid) VALUES (?, ?) ON CONFLICT DO NOTHING",
                      [(version, c) for c in boundary])
 
 
@@ -924,8 +1096,11 @@ def segment_packs(conn: Conn) -> list[tuple[int, int, str, int, int]]:
 
 def record_segment_pack(conn: Conn, lo: int, hi: int, name: str, objects: int, size: int, at: float,
                         window: int, depth: int, compression: int) -> None:
-    conn.execute("INSERT OR REPLACE INTO segment_packs(lo, hi, name, objects, size, built_at, window, depth,"
-                 " compression) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO segment_packs(lo, hi, name, objects, size, built_at, \"window\", depth,"
+                 " compression) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (lo, hi) DO UPDATE SET"
+                 " name = excluded.name, objects = excluded.objects, size = excluded.size,"
+                 " built_at = excluded.built_at, \"window\" = excluded.\"window\", depth = excluded.depth,"
+                 " compression = excluded.compression",
                  (lo, hi, name, objects, size, at, window, depth, compression))
 
 
@@ -939,12 +1114,19 @@ def pack_names(conn: Conn) -> set[str]:
 
 
 def checkpoint(conn: Conn) -> None:
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.execute("PRAGMA optimize")
+    """SQLite: the write-ahead log folded into the file (PostgreSQL keeps its own)."""
+    if conn.dialect == "sqlite":
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA optimize")
 
 
 def integrity(conn: Conn) -> list[str]:
-    return [r[0] for r in conn.execute("PRAGMA quick_check") if r[0] != "ok"]
+    """SQLite's quick check of the file; PostgreSQL: that the store's schema is whole."""
+    if conn.dialect == "sqlite":
+        return [r[0] for r in conn.execute("PRAGMA quick_check") if r[0] != "ok"]
+    have = {t for (t,) in conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = ?",
+                                       (conn.schema,))}
+    return [f"table {t} is missing" for t in PG_TABLES if t not in have]
 
 
 def replay_refs(conn: Conn) -> dict[str, str]:

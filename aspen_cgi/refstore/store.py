@@ -85,11 +85,91 @@ def sent_pack_path(packs_dir: str, push_id: str) -> str:
 
 def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
     """The packs directory of the repository's store, without opening the store
-    (a push must not open it before it may wait for it); None without a store."""
-    if _disabled(settings.of(env)):
+    (a push must not open it before it may wait for it); None without a store
+    (with a PostgreSQL store: without the repository's state directory)."""
+    s = settings.of(env)
+    if _disabled(s):
         return None
-    sdir = state_dir(gitdir, settings.of(env))
+    sdir = state_dir(gitdir, s)
+    if s.refstore_url:
+        return os.path.join(sdir, "packs") if os.path.isdir(sdir) else None
     return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
+
+
+def repo_key(gitdir: str, env: Mapping[str, str]) -> str:
+    """The name a PostgreSQL store knows the repository by: its absolute
+    path; with ASPEN_CLUSTER, that name, a colon and its path under
+    GIT_PROJECT_ROOT (the request's, else the process's), the same on every
+    node serving that tree."""
+    real = os.path.realpath(gitdir)
+    cluster = settings.of(env).cluster
+    if cluster:
+        root = env.get("GIT_PROJECT_ROOT") or os.environ.get("GIT_PROJECT_ROOT")
+        if not root:
+            raise OSError("ASPEN_CLUSTER is set but GIT_PROJECT_ROOT is not")
+        top = os.path.realpath(root).rstrip("/")
+        if not real.startswith(top + "/"):
+            raise OSError(f"{real} is not under GIT_PROJECT_ROOT ({top})")
+        return f"{cluster}:{real[len(top) + 1:]}"
+    return real
+
+
+_pg_generation = 0
+
+
+def forget_pg_stores() -> None:
+    """Every thread looks its PostgreSQL stores up again (they were dropped: `aspen db drop`, tests)."""
+    global _pg_generation
+    _pg_generation += 1
+    with _lock:
+        _snapshots.clear()
+        _views.clear()
+
+
+def database_stores(url: str, init: bool = False) -> list[tuple[str, str, int]]:
+    """(repository, schema, schema version) of every store in the PostgreSQL
+    database at URL; INIT: make its list of stores first (`aspen db init`)."""
+    conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
+    if init:
+        db.retry(lambda: db.pg_init(conn))
+    return db.retry(lambda: db.pg_stores(conn))
+
+
+PG_RECORD = "aspen.pg"     # in a repository's state: the name and token of its store in PostgreSQL
+
+
+def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], pool_size: int,
+                   create: bool) -> Optional[db.Conn]:
+    """One connection per thread and repository of a PostgreSQL store (it
+    borrows the process's pool's for each statement or transaction). RECORD
+    (in the repository's state) names the store, as first opened, and the
+    token of its making: a store in the database that the repository's
+    state does not record was an earlier repository's (db.connect_pg)."""
+    conns = getattr(_local, "pg", None)
+    if conns is None or getattr(_local, "pg_pid", None) != (os.getpid(), _pg_generation):
+        conns = _local.pg = {}
+        _local.pg_pid = (os.getpid(), _pg_generation)
+    ident = _file_id(record)
+    cached = conns.get(record)
+    if cached is not None and cached[1] == ident:
+        return cached[0]
+    try:
+        with open(record, encoding="utf-8", errors="surrogateescape") as f:
+            key, known = (f.read().split("\n") + ["", ""])[:2]
+    except FileNotFoundError:
+        key, known = repo_key(gitdir, env), ""
+    made = db.connect_pg(url, key, pool_size, create, known or None)
+    if made is None:
+        return None
+    conn, token = made
+    if token != known:
+        tmp = f"{record}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(f"{key}\n{token}\n")
+        os.replace(tmp, record)
+        ident = _file_id(record)
+    conns[record] = (conn, ident)
+    return conn
 
 
 def _disabled(s: settings.Settings) -> bool:
@@ -157,9 +237,12 @@ class RefStore:
     def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
         """The repository's store, or None when the store is turned off or
         cannot be kept here (read-only repository without ASPEN_STATE_DIR)."""
-        if _disabled(settings.of(env)):
+        s = settings.of(env)
+        if _disabled(s):
             return None
-        sdir = state_dir(gitdir, settings.of(env))
+        sdir = state_dir(gitdir, s)
+        if s.refstore_url:
+            return cls._open_pg(gitdir, env, s, sdir, create)
         path = os.path.join(sdir, "aspen.sqlite3")
         try:
             if not os.path.exists(path) and not os.path.isfile(os.path.join(gitdir, "HEAD")):
@@ -176,6 +259,32 @@ class RefStore:
                     os.makedirs(sdir, exist_ok=True)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
             return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
+        except (OSError, db.Error):
+            return None
+
+    @classmethod
+    def _open_pg(cls, gitdir: str, env: Mapping[str, str], s: settings.Settings, sdir: str,
+                 create: bool) -> Optional["RefStore"]:
+        """The repository's store in the PostgreSQL database (its state
+        directory beside it still holds its packs and ref-lock claims)."""
+        if not os.path.isfile(os.path.join(gitdir, "HEAD")):
+            return None
+        try:
+            if not os.path.isdir(sdir):
+                if not create:
+                    return None
+                if sdir == os.path.join(gitdir, "aspen"):
+                    try:
+                        os.mkdir(sdir)
+                    except FileExistsError:
+                        pass
+                else:
+                    os.makedirs(sdir, exist_ok=True)
+            record = os.path.join(sdir, PG_RECORD)
+            conn = db.retry(lambda: _pg_connection(s.refstore_url, record, gitdir, env, s.refstore_pool, create))
+            if conn is None:
+                return None
+            return cls(gitdir, env, conn, record)
         except (OSError, db.Error):
             return None
 

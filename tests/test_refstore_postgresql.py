@@ -1,0 +1,191 @@
+"""The ref store in PostgreSQL (ASPEN_REFSTORE_URL), against a real server
+started by the tests (tests/pgserver.py), in every pass of the suite: the
+same tables as a SQLite file, pushes from two server processes at once
+decided by the store's compare-and-swap, a replaced repository's store made
+anew, and the SQLite pass's store semantics (the whole suite runs again with
+ASPEN_TEST_REFSTORE=postgresql)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from aspen_cgi.refstore import db, pgconn
+from aspen_cgi.refstore.store import RefStore, forget_pg_stores
+
+from . import harness as h
+from . import pgserver
+
+pytestmark = pytest.mark.timeout(180)
+
+_databases = itertools.count()
+
+
+@pytest.fixture
+def pg_url():
+    """A new database of this process's PostgreSQL."""
+    name = f"t{os.getpid()}_{next(_databases)}"
+    url = pgserver.server().create_database(name)
+    yield url
+    forget_pg_stores()
+    pgconn.close_pools()
+
+
+def _env(url: str, gitdir: Path, **more: str) -> dict:
+    return dict(os.environ, ASPEN_REFSTORE_URL=url, GIT_DIR=str(gitdir), **more)
+
+
+def _columns_sqlite(conn) -> dict[str, list[str]]:
+    tables = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+
+
+def test_a_postgresql_store_has_the_sqlite_files_tables_columns_and_indexes(tmp_path, pg_url):
+    repo = h.make_history(tmp_path / "repo.git")
+    store = RefStore.open(str(repo), _env(pg_url, repo))
+    assert store is not None and store.conn.dialect == "postgresql"
+    assert store.sync() == 1
+    lite = db.connect(str(tmp_path / "fresh.sqlite3"))
+    want = _columns_sqlite(lite)
+    side = pgconn.PgConn(pg_url, store.conn.schema, 1, db.PG_USE_SCHEMA)
+    got: dict[str, list[str]] = {}
+    for table, column in side.execute("SELECT table_name, column_name FROM information_schema.columns"
+                                      " WHERE table_schema = ? ORDER BY table_name, ordinal_position",
+                                      (store.conn.schema,)):
+        got.setdefault(table, []).append(column)
+    assert got == want and set(got) == set(db.PG_TABLES)
+    lite_indexes = {n for (n,) in lite.execute("SELECT name FROM sqlite_master WHERE type = 'index'"
+                                               " AND name NOT LIKE 'sqlite_autoindex%'")}
+    pg_indexes = {n for (n,) in side.execute("SELECT indexname FROM pg_indexes WHERE schemaname = ?",
+                                             (store.conn.schema,))}
+    assert lite_indexes and lite_indexes <= pg_indexes
+    assert db.integrity(store.conn) == []
+    side.execute("DROP TABLE chain")
+    assert db.integrity(store.conn) == ["table chain is missing"]
+    # the registry names it by the repository's absolute path (no ASPEN_CLUSTER)
+    assert [(r, s) for r, s, _ in db.pg_stores(side)] == [(os.path.realpath(repo), store.conn.schema)]
+    assert (repo / "aspen" / "aspen.pg").read_text().split("\n")[0] == os.path.realpath(repo)
+    assert not (repo / "aspen" / "aspen.sqlite3").exists()
+
+
+def test_ref_names_sort_bytewise_and_a_non_utf8_name_is_unstorable(tmp_path, pg_url):
+    """The "C" collation: PostgreSQL orders refs as git and SQLite do
+    (`refs/heads/B` < `refs/heads/a` < `refs/heads/é`)."""
+    repo = h.make_history(tmp_path / "repo.git")
+    main = h.out("rev-parse", "main", cwd=str(repo))
+    for name in ("a", "B", "é", "a-b", "a.b", "a_b"):
+        h.git("update-ref", f"refs/heads/{name}", main, cwd=str(repo))
+    store = RefStore.open(str(repo), _env(pg_url, repo))
+    store.sync()
+    names = [r.name for r in db.all_refs(store.conn)]
+    assert names == sorted(names, key=lambda n: n.encode()) and "refs/heads/é" in names
+    from aspen_cgi.model.versions import RefChange, VersionMeta
+    bad = "refs/heads/\udcff"
+    with pytest.raises(db.Unstorable):
+        store.commit([RefChange(bad, "0" * 40, main)], VersionMeta("push", "w", None, ()))
+    assert [v.kind for v in store.log()] == ["import"]
+
+
+def _serve(root: Path, url: str) -> h.Server:
+    return h.Server(root, {"ASPEN_REFSTORE_URL": url, "ASPEN_ACCESS_LOG": "1"}, threads=8).start()
+
+
+def test_two_server_processes_pushing_one_ref_at_once_one_wins_and_the_rest_get_stocks_rejection(tmp_path, pg_url):
+    """Two gunicorn servers (separate processes, separate pools) over one
+    root and one database: 12 pushes of 12 different commits onto the
+    same old value of main, all at once. Exactly one lands, in the store
+    and on disk; every other client is told as stock tells it."""
+    root = tmp_path / "root"
+    repo = h.make_history(root / "repo.git")
+    h.git("config", "http.receivepack", "true", cwd=str(repo))
+    servers = [_serve(root, pg_url), _serve(root, pg_url)]
+    try:
+        base = h.out("rev-parse", "main", cwd=str(repo))
+        works = []
+        for i in range(12):
+            w = tmp_path / f"w{i}"
+            h.git("clone", "-q", str(repo), str(w))
+            h.git("commit", "-q", "--allow-empty", "-m", f"writer {i}", cwd=str(w))
+            works.append(w)
+        results: list = [None] * len(works)
+        gate = threading.Barrier(len(works))
+
+        def push(i: int) -> None:
+            gate.wait(timeout=30)
+            url = f"{servers[i % 2].url}/repo.git"
+            results[i] = subprocess.run(["git", "push", url, "HEAD:main"], cwd=works[i], capture_output=True,
+                                        text=True, timeout=120)
+        threads = [threading.Thread(target=push, args=(i,)) for i in range(len(works))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=150)
+        won = [i for i, r in enumerate(results) if r.returncode == 0]
+        assert len(won) == 1, [r.stderr for r in results]
+        for i, r in enumerate(results):
+            if i in won:
+                continue
+            assert re.search(r"\[rejected\]|\[remote rejected\]|failed to push", r.stderr), r.stderr
+            assert not re.search(r"HTTP 5\d\d|Traceback|internal error", r.stderr), r.stderr
+        winner = h.out("rev-parse", "HEAD", cwd=str(works[won[0]]))
+        assert h.out("rev-parse", "main", cwd=str(repo)) == winner
+        store = RefStore.open(str(repo), _env(pg_url, repo, GIT_PROJECT_ROOT=str(root)))
+        store.sync()
+        log = list(store.log())
+        assert [v.kind for v in log] == ["push", "import"]
+        assert [(u.ref, u.old, u.new) for u in log[0].updates] == [("refs/heads/main", base, winner)]
+        assert store.verify().problems == []
+        for s in servers:
+            assert "Traceback" not in s.log_text()
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_a_repository_replaced_at_the_same_path_gets_a_new_store(tmp_path, pg_url):
+    """The store outlives `rm -rf repo.git` in the database; the next
+    repository made at that path does not inherit it: its state records no
+    store, so the old one is dropped and the new repository imported."""
+    repo = h.make_history(tmp_path / "repo.git")
+    store = RefStore.open(str(repo), _env(pg_url, repo))
+    store.sync()
+    topic = h.out("rev-parse", "topic", cwd=str(repo))
+    from aspen_cgi.model.versions import RefChange, VersionMeta
+    store.commit([RefChange("refs/heads/extra", "0" * 40, topic)], VersionMeta("push", "w", None, ()))
+    assert [v.kind for v in store.log()] == ["push", "import"]
+    old_token = (repo / "aspen" / "aspen.pg").read_text().split("\n")[1]
+    import shutil
+    shutil.rmtree(repo)
+    h.make_history(repo, commits=2, branches=())
+    again = RefStore.open(str(repo), _env(pg_url, repo))
+    assert again.sync() == 1
+    assert [v.kind for v in again.log()] == ["import"]
+    assert {r.name for r in db.all_refs(again.conn)} == set(h.refs_of(str(repo)))
+    assert (repo / "aspen" / "aspen.pg").read_text().split("\n")[1] != old_token
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    assert len(db.pg_stores(side)) == 1
+
+
+def test_without_create_a_missing_store_is_not_made(tmp_path, pg_url):
+    repo = h.make_history(tmp_path / "repo.git")
+    assert RefStore.open(str(repo), _env(pg_url, repo), create=False) is None
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    db.pg_init(side)
+    assert db.pg_stores(side) == []
+
+
+def test_a_store_of_another_schema_version_is_refused(tmp_path, pg_url):
+    repo = h.make_history(tmp_path / "repo.git")
+    RefStore.open(str(repo), _env(pg_url, repo)).sync()
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1")
+    forget_pg_stores()
+    with pytest.raises(pgconn.StoreError, match="schema"):
+        db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False,
+                      known=(repo / "aspen" / "aspen.pg").read_text().split("\n")[1])
