@@ -63,7 +63,8 @@ def install_aspen(dest: Path) -> Path:
     src = dest / "src"
     shutil.copytree(PROJECT, src, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "results", "*.egg-info", "__pycache__", ".pytest_cache", "tests"))
-    p = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(src)],
+    what = f"{src}[cluster]" if os.environ.get("ASPEN_REFSTORE_URL") else str(src)    # the PostgreSQL pass
+    p = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", what],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"pip install {PROJECT} failed:\n{p.stdout.decode(errors='replace')[-4000:]}")

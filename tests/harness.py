@@ -467,7 +467,7 @@ def store_file(gitdir) -> str:
     return "aspen.pg" if os.environ.get("ASPEN_REFSTORE_URL") else "aspen.sqlite3"
 
 
-def _side_connection(store):
+def side_connection(store):
     if isinstance(store, (str, Path)):          # a repository: its store as the server keeps it
         url = os.environ.get("ASPEN_REFSTORE_URL")
         state = Path(store) / "aspen"
@@ -487,7 +487,7 @@ def _side_connection(store):
 def store_rows(store, query: str, args=()) -> list[tuple]:
     """QUERY's rows from STORE's tables (a RefStore, or a repository's path)
     over a connection of its own (either engine)."""
-    conn = _side_connection(store)
+    conn = side_connection(store)
     try:
         return [tuple(r) for r in conn.execute(query, args)]
     finally:
@@ -496,7 +496,7 @@ def store_rows(store, query: str, args=()) -> list[tuple]:
 
 def store_write(store, *statements: str) -> None:
     """Run STATEMENTS on STORE's tables in one transaction of a connection of its own."""
-    conn = _side_connection(store)
+    conn = side_connection(store)
     try:
         if getattr(conn, "dialect", None) == "postgresql":
             conn.begin("BEGIN")

@@ -67,8 +67,7 @@ def test_every_version_is_chained_to_the_one_before(pushed):
     ("DELETE FROM chain WHERE version = 2", 3),                                 # a link removed
 ])
 def test_verify_names_the_first_broken_link(pushed, tamper, version):
-    with sqlite3.connect(_db(pushed)) as c:
-        c.execute(tamper)
+    h.store_write(pushed, tamper)
     res = h.aspen_cli("verify", "--chain", str(pushed))
     assert res.returncode == 1, res.stdout
     assert re.match(rf"chain broken at version {version}: ", res.stdout.decode()), res.stdout
@@ -102,6 +101,7 @@ def test_the_export_verifies_without_aspen(pushed, tmp_path):
     assert bad.returncode == 1 and "version 3" in bad.stdout, (bad.stdout, bad.stderr)
 
 
+@pytest.mark.sqlite_store("a SQLite file as schema 6 left it")
 def test_a_store_from_before_the_chain_starts_it_at_the_next_version(tmp_path, cgi_server_factory):
     root = tmp_path / "root"
     root.mkdir()

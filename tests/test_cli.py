@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -198,7 +197,7 @@ def test_verify_reports_a_store_that_disagrees_with_the_disk(tmp_path):
     repo = settled(h.make_history(tmp_path / "repo.git"))
     assert aspen("verify", str(repo)).returncode == 0           # imports, consistent
     topic = h.out("rev-parse", "topic", cwd=str(repo))
-    conn = sqlite3.connect(str(repo / "aspen" / "aspen.sqlite3"))
+    conn = h.side_connection(repo)
     conn.execute("UPDATE refs SET oid = ? WHERE name = 'refs/heads/main'", (topic,))
     conn.commit()
     conn.close()
@@ -221,7 +220,7 @@ def test_verify_reports_history_that_does_not_replay_to_the_refs(tmp_path):
     assert aspen("verify", str(repo)).returncode == 0
     topic = h.out("rev-parse", "topic", cwd=str(repo))
     main = h.out("rev-parse", "main", cwd=str(repo))
-    conn = sqlite3.connect(str(repo / "aspen" / "aspen.sqlite3"))
+    conn = h.side_connection(repo)
     conn.execute("UPDATE updates SET new = ? WHERE version = 1 AND ref = 'refs/heads/main'", (topic,))
     conn.commit()
     conn.close()
@@ -250,7 +249,7 @@ def test_verify_reports_a_missing_object(tmp_path):
 def test_verify_reports_a_pending_version_of_a_live_writer(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
     assert aspen("verify", str(repo)).returncode == 0
-    conn = sqlite3.connect(str(repo / "aspen" / "aspen.sqlite3"))
+    conn = h.side_connection(repo)
     # a writer that is alive (this test process) and stuck between store and disk
     from aspen_cgi.runtime.owners import owner_id
     conn.execute("INSERT INTO versions(id, kind, at, state, owner) VALUES (2, 'push', 0, 'pending', ?)", (owner_id(),))
@@ -297,7 +296,7 @@ def test_compact_output(tmp_path):
                    "levels": 3}
     assert built <= rep["segment_rows"] <= 2 * built                  # main, and side in some
     # lose the segments: compact builds them again and says so
-    conn = sqlite3.connect(str(repo / "aspen" / "aspen.sqlite3"))
+    conn = h.side_connection(repo)
     conn.execute("DELETE FROM segments")
     conn.execute("DELETE FROM segment_refs")
     conn.execute("UPDATE state SET value = '1' WHERE key = 'compacted_through'")
@@ -391,7 +390,7 @@ def test_work_tree_path_finds_its_git_dir(tmp_path):
     entries = log_json(work)
     assert [e["kind"] for e in entries] == ["import"]
     assert entries[0]["updates"][0]["ref"] == "refs/heads/main"
-    assert (work / ".git" / "aspen" / "aspen.sqlite3").is_file()
+    assert (work / ".git" / "aspen" / h.store_file(work)).is_file()
     assert aspen("verify", str(work), "--quiet").returncode == 0
 
 

@@ -267,6 +267,7 @@ def check_consistent_store_elsewhere(repo: Path, url: str, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("mode,wait", [("immediate", "30"), ("exclusive-mode", "30"), ("exclusive-mode", "1")],
                          ids=["begin-immediate", "locking-mode-exclusive", "locking-mode-exclusive-wait-1s"])
+@pytest.mark.sqlite_store("another process holds the SQLite file locked")
 def test_store_locked_by_another_process(root, server_factory, tmp_path, mode, wait):
     """Another process holds aspen.sqlite3 locked for a few seconds (BEGIN
     IMMEDIATE; or PRAGMA locking_mode=EXCLUSIVE, which keeps readers out as
@@ -526,6 +527,7 @@ fi
 """
 
 
+@pytest.mark.sqlite_store("another process locks the SQLite file")
 def test_store_locked_after_the_refs_are_written(root, server_factory, tmp_path):
     """The store is locked by another process right after git renamed the
     push's refs into place, longer than the push may wait (ASPEN_STORE_WAIT=1):

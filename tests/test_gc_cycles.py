@@ -105,6 +105,7 @@ def _store_in_a_thread(root: Path, before_release=lambda store: None) -> sqlite3
     return seen["conn"]
 
 
+@pytest.mark.sqlite_store("SQLite connections closed as their thread ends")
 def test_a_threads_store_connections_are_closed_as_it_ends(root):
     conn = _store_in_a_thread(root)
     with pytest.raises(sqlite3.ProgrammingError):       # closed: its statement cache let go of it

@@ -11,7 +11,6 @@ import math
 import os
 import random
 import shutil
-import sqlite3
 import subprocess
 import sys
 import threading

@@ -504,9 +504,10 @@ def test_aspen_state_is_never_served(root, tmp_path, where):
     state = Path(state_dir(str(repo), settings.of(dict(os.environ, **env))))
     files = _state_files(root, state)
     names = {f.name for f in files}
-    assert "aspen.sqlite3" in names and any(f.parent.name != state.name for f in files), names
+    record = h.store_file(repo)                     # the SQLite file, or the PostgreSQL store's record
+    assert record in names and any(f.parent.name != state.name for f in files), names
     linked = repo / "objects" / "pack" / ("pack-" + "4" * 40 + ".pack")
-    linked.symlink_to(state / "aspen.sqlite3")
+    linked.symlink_to(state / record)
     loose = repo / "objects" / "ee" / ("f" * 38)
     loose.parent.mkdir(exist_ok=True)
     loose.symlink_to(files[-1])
@@ -524,7 +525,7 @@ def test_aspen_state_is_never_served(root, tmp_path, where):
             assert not any(sec in r.body for sec in secrets if sec)
     # stock, for the links into the state: it serves them
     st = h.stock(d.env_for(root, "/repo.git/objects/pack/" + linked.name, **env))
-    assert st.status == 200 and st.body == (state / "aspen.sqlite3").read_bytes()
+    assert st.status == 200 and st.body == (state / record).read_bytes()
 
 
 # ---------------------------------------------------------------- ownership

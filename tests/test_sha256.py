@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import sqlite3
 import subprocess
 import sys
 import time
@@ -135,9 +134,7 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory,
         assert plans and all("plan=fallback" in f for f in plans) and not packs, plans
         return
     assert sum("plan=planned" in f for f in plans) >= 3, plans     # clones and fetches from SHA-256 packs
-    db = sqlite3.connect(repo / "aspen" / "aspen.sqlite3")
-    adopted = db.execute("SELECT count(*) FROM version_packs WHERE name != '' AND window = 0").fetchone()[0]
-    db.close()
+    adopted = h.store_rows(repo, "SELECT count(*) FROM version_packs WHERE name != '' AND \"window\" = 0")[0][0]
     assert adopted >= 1                                             # a client's SHA-256 pack kept as its version's
     assert packs
     for idx in packs:

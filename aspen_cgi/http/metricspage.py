@@ -15,8 +15,9 @@ from ..runtime import admission, metrics
 from .. import settings
 
 
-def backlog(where: str) -> tuple[int, int]:
-    """(versions without their pack, repositories with any) over the marked stores."""
+def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:
+    """(versions without their pack, repositories with any) over the marked stores
+    (URL: the PostgreSQL database of those whose mark names a store's record)."""
     versions = repos = 0
     folder = os.path.join(where, metrics.BACKLOG)
     try:
@@ -41,7 +42,7 @@ def backlog(where: str) -> tuple[int, int]:
         if not os.path.isfile(store_path):
             _unlink(e.path)                          # the repository (or its store) is gone
             continue
-        n = db.unbuilt_count(store_path)
+        n = db.unbuilt_count(store_path, url)
         if n == 0 and age > metrics.PRUNE_S:
             # set the mark aside, then look again: a push that lands meanwhile either is
             # seen now or marks the repository afresh (its kick comes after its version)
@@ -50,7 +51,7 @@ def backlog(where: str) -> tuple[int, int]:
                 os.rename(e.path, aside)
             except OSError:
                 continue
-            n = db.unbuilt_count(store_path)
+            n = db.unbuilt_count(store_path, url)
             if n:
                 os.replace(aside, e.path)
             else:
@@ -72,7 +73,7 @@ def _unlink(path: str) -> None:
 
 def gauges(env: Mapping[str, str], where: str) -> dict[str, float]:
     g = admission.gauges(admission.capacity(settings.of(env)))
-    versions, repos = backlog(where)
+    versions, repos = backlog(where, settings.of(env).refstore_url)
     return {"aspen_admission_queue_depth": g.queued, "aspen_admission_cold_running": g.running,
             "aspen_pack_builds_running": g.builds, "aspen_version_pack_backlog": versions,
             "aspen_version_pack_backlog_repositories": repos}

@@ -65,7 +65,7 @@ from ..git import gitexec
 from .. import settings
 from ..runtime.owners import owner_alive, owner_id
 from ..refstore.guarded import open_store
-from ..refstore.store import release_thread
+from ..refstore.store import release_thread, store_file_name
 from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident
 from ..runtime.statedir import state_dir
 
@@ -175,7 +175,8 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
         return False
     if config.metrics:                  # its backlog is counted at scrape time from now on
         from ..runtime import metrics  # startup
-        metrics.note_backlog(metrics.directory(config), os.path.join(os.path.dirname(packs_dir), "aspen.sqlite3"))
+        metrics.note_backlog(metrics.directory(config),
+                             os.path.join(os.path.dirname(packs_dir), store_file_name(config)))
     if running(packs_dir):
         return False
     child = gitexec.child_env(env).without("GIT_NAMESPACE")

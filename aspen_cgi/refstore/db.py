@@ -946,7 +946,7 @@ def insert_segment(conn: Conn, level: int, idx: int, lo: int, hi: int,
 
 def segment_counts(conn: Conn) -> tuple[int, int, int]:
     """(segments, segment rows, highest level)."""
-    row = conn.execute("SELECT count(*), coalesce(sum(refs), 0), coalesce(max(level), 0) FROM segments").fetchone()
+    row = conn.execute("SELECT count(*), CAST(coalesce(sum(refs), 0) AS BIGINT), coalesce(max(level), 0) FROM segments").fetchone()
     return row[0], row[1], row[2]
 
 
@@ -959,12 +959,26 @@ def versions_without_pack(conn: Conn, limit: int) -> list[int]:
         " ORDER BY id LIMIT ?", (limit,))]
 
 
-def unbuilt_count(path: str) -> Optional[int]:
-    """How many done versions of the store at PATH have no version pack yet,
+def unbuilt_count(path: str, url: Optional[str] = None) -> Optional[int]:
+    """How many done versions of the store at PATH have no version pack yet
+    (PATH a PostgreSQL store's record: asked of the database at URL, within 200 ms),
     read over a brief read-only connection (a metrics scrape: it waits at
     most 200 ms for a locked store, and its close neither checkpoints nor
     removes the write-ahead log; like any reader it makes `-wal` and `-shm`
     beside the file when no connection had); None when it cannot be read."""
+    if path.endswith(".pg"):
+        if not url:
+            return None
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
+                key = f.read().split("\n")[0]
+            conn = pgconn.PgConn(url, pg_schema(key), 1, PG_USE_SCHEMA)
+            with patience(0.2):
+                return _retry(lambda: conn.execute(
+                    "SELECT count(*) FROM versions WHERE state = 'done'"
+                    " AND id NOT IN (SELECT version FROM version_packs)").fetchone()[0])
+        except (OSError, Error, Busy):
+            return None
     try:
         from urllib.parse import quote  # startup: only the metrics page reads a store this way
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.2, isolation_level=None)

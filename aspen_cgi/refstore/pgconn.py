@@ -84,7 +84,11 @@ def pool(url: str, size: int):
             p = _pools.get(key)
             if p is None:
                 import logging  # startup: only a PostgreSQL store loads the driver
-                import psycopg_pool  # startup: only a PostgreSQL store loads the driver
+                try:
+                    import psycopg_pool  # startup: only a PostgreSQL store loads the driver
+                except ImportError as e:
+                    raise StoreError(f"ASPEN_REFSTORE_URL is set but its driver is not installed ({e}): "
+                                     "pip install 'aspen-cgi[cluster]'") from None
                 # its reconnection attempts while the server is away would log one warning each:
                 # db.py's retries (within the caller's patience) and Aspen's own log lines say it
                 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

@@ -96,6 +96,12 @@ def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
     return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
 
 
+def store_file_name(s: settings.Settings) -> str:
+    """The file in a repository's state that says it has a store: the SQLite
+    file, or the record of its PostgreSQL store."""
+    return PG_RECORD if s.refstore_url else "aspen.sqlite3"
+
+
 def repo_key(gitdir: str, env: Mapping[str, str]) -> str:
     """The name a PostgreSQL store knows the repository by: its absolute
     path; with ASPEN_CLUSTER, that name, a colon and its path under

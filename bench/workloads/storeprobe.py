@@ -44,9 +44,10 @@ class Probe:
         self.store = None
 
     def __enter__(self) -> "Probe":
-        from aspen_cgi.refstore.store import RefStore, state_dir
+        from aspen_cgi.refstore.store import RefStore, state_dir, store_file_name
         env = dict(os.environ)
-        if os.path.exists(os.path.join(state_dir(self.gitdir, settings.of(env)), "aspen.sqlite3")):
+        if os.path.exists(os.path.join(state_dir(self.gitdir, settings.of(env)),
+                                       store_file_name(settings.of(env)))):
             self.store = RefStore.open(self.gitdir, env, create=False)
             if self.store is not None and self.sync:
                 self.store.sync()
