@@ -50,6 +50,11 @@ class PgServer:
         data = os.path.join(self.workdir, "data")
         self.run(os.path.join(self.bindir, "initdb"), "-D", data, "-A", "trust", "-U", "aspen",
                  "-E", "UTF8", "--locale=C", "--no-sync")
+        return self.up()
+
+    def up(self) -> "PgServer":
+        """pg_ctl start (again, after stop())."""
+        data = os.path.join(self.workdir, "data")
         opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.workdir} -c fsync=off"
                 " -c max_connections=200 -c shared_buffers=32MB")
         self.run(os.path.join(self.bindir, "pg_ctl"), "-D", data, "-o", opts, "-l", self.proc_log, "-w",
@@ -60,9 +65,6 @@ class PgServer:
         self.run(os.path.join(self.bindir, "pg_ctl"), "-D", os.path.join(self.workdir, "data"), "-m", mode,
                  "-w", "stop", check=False)
 
-    def restart(self) -> None:
-        data = os.path.join(self.workdir, "data")
-        self.run(os.path.join(self.bindir, "pg_ctl"), "-D", data, "-m", "fast", "-w", "-t", "60", "restart")
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         return subprocess.run([os.path.join(self.bindir, "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
@@ -80,8 +82,14 @@ _server: Optional[PgServer] = None
 def server() -> PgServer:
     """This process's PostgreSQL, started on first use."""
     global _server
-    if _server is not None:
-        return _server
+    if _server is None:
+        _server = private()
+        atexit.register(_stop, _server)
+    return _server
+
+
+def private() -> PgServer:
+    """A PostgreSQL of the caller's own (one it may stop and start); the caller removes it (remove())."""
     need_system("postgresql", "/usr/lib/postgresql")
     bd = bindir()
     if bd is None:
@@ -102,16 +110,17 @@ def server() -> PgServer:
     except subprocess.CalledProcessError as e:
         log = open(s.proc_log).read() if os.path.exists(s.proc_log) else ""
         raise RuntimeError(f"PostgreSQL did not start: {e.stderr}\n{log[-3000:]}") from None
-    _server = s
-    atexit.register(_stop)
     return s
 
 
-def _stop() -> None:
-    if _server is not None:
-        _server.stop("immediate")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and os.path.exists(os.path.join(_server.workdir, "data",
-                                                                           "postmaster.pid")):
-            time.sleep(0.05)
-        shutil.rmtree(_server.workdir, ignore_errors=True)
+def remove(s: PgServer) -> None:
+    """Stop S at once and remove its files."""
+    s.stop("immediate")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(os.path.join(s.workdir, "data", "postmaster.pid")):
+        time.sleep(0.05)
+    shutil.rmtree(s.workdir, ignore_errors=True)
+
+
+def _stop(s: PgServer) -> None:
+    remove(s)

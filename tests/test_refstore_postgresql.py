@@ -189,3 +189,51 @@ def test_a_store_of_another_schema_version_is_refused(tmp_path, pg_url):
     with pytest.raises(pgconn.StoreError, match="schema"):
         db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False,
                       known=(repo / "aspen" / "aspen.pg").read_text().split("\n")[1])
+
+
+@pytest.mark.aspen_store_unchecked(reason="its database is removed at its end: the test verifies the store itself")
+def test_postgresql_away_fetches_are_served_from_the_disk_and_a_push_is_recorded_once_it_is_back(tmp_path):
+    """The database stopped under a running server (a PostgreSQL of this
+    test's own): a fetch is answered from the refs on disk, with a log line,
+    after the store's read wait; a push waits ASPEN_STORE_WAIT, then git
+    writes its refs alone, as with a SQLite file locked elsewhere (docs/cluster.md).
+    Once the database is back the next request records that push as an
+    external version, pushes land as versions again, and the store verifies."""
+    pg = pgserver.private()
+    try:
+        url = pg.create_database("outage")
+        root = tmp_path / "root"
+        repo = h.make_history(root / "repo.git")
+        h.git("config", "http.receivepack", "true", cwd=str(repo))
+        server = h.Server(root, {"ASPEN_REFSTORE_URL": url, "ASPEN_ACCESS_LOG": "1", "ASPEN_STORE_WAIT": "2"}).start()
+        try:
+            work = tmp_path / "work"
+            h.git("clone", "-q", f"{server.url}/repo.git", str(work))
+            pg.stop()
+            advertised = h.out("ls-remote", f"{server.url}/repo.git")
+            assert {name: oid for oid, name in (line.split("\t") for line in advertised.splitlines())
+                    if name.startswith("refs/") and not name.endswith("^{}")} == h.refs_of(str(repo))
+            h.git("commit", "-q", "--allow-empty", "-m", "while away", cwd=str(work))
+            h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+            away = h.out("rev-parse", "HEAD", cwd=str(work))
+            assert h.out("rev-parse", "main", cwd=str(repo)) == away
+            assert "ref store unavailable" in server.log_text() and "serving refs from disk" in server.log_text()
+            pg.up()
+            h.git("commit", "-q", "--allow-empty", "-m", "back", cwd=str(work))
+            h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+            back = h.out("rev-parse", "HEAD", cwd=str(work))
+        finally:
+            server.stop()
+        assert "Traceback" not in server.log_text()
+        store = RefStore.open(str(repo), _env(url, repo))
+        store.sync()
+        log = list(store.log())
+        assert [v.kind for v in log] == ["push", "external", "import"]
+        assert [(u.ref, u.new) for u in log[1].updates] == [("refs/heads/main", away)]
+        assert [(u.ref, u.new) for u in log[0].updates] == [("refs/heads/main", back)]
+        assert store.verify().problems == []
+        h.fsck_strict(str(work))
+    finally:
+        forget_pg_stores()
+        pgconn.close_pools()
+        pgserver.remove(pg)

@@ -150,7 +150,8 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
     borrows the process's pool's for each statement or transaction). RECORD
     (in the repository's state) names the store, as first opened, and the
     token of its making: a store in the database that the repository's
-    state does not record was an earlier repository's (db.connect_pg)."""
+    state does not record was an earlier repository's (db.connect_pg). A
+    record naming another repository came with a copy of that one's files."""
     conns = getattr(_local, "pg", None)
     if conns is None or getattr(_local, "pg_pid", None) != (os.getpid(), _pg_generation):
         conns = _local.pg = {}
@@ -159,11 +160,14 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
     cached = conns.get(record)
     if cached is not None and cached[1] == ident:
         return cached[0]
+    key = repo_key(gitdir, env)
     try:
         with open(record, encoding="utf-8", errors="surrogateescape") as f:
-            key, known = (f.read().split("\n") + ["", ""])[:2]
+            named, known = (f.read().split("\n") + ["", ""])[:2]
+        if named != key:
+            known = ""      # a state copied with another repository's files (cp -r): not this one's store
     except FileNotFoundError:
-        key, known = repo_key(gitdir, env), ""
+        known = ""
     made = db.connect_pg(url, key, pool_size, create, known or None)
     if made is None:
         return None
