@@ -475,8 +475,8 @@ def side_connection(store):
             import sqlite3
             return sqlite3.connect(str(state / "aspen.sqlite3"))
         from aspen_cgi.refstore import db, pgconn
-        key = (state / "aspen.pg").read_text(errors="surrogateescape").split("\n")[0]
-        return pgconn.PgConn(url, db.pg_schema(key), 1, db.PG_USE_SCHEMA)
+        from aspen_cgi.refstore.store import PG_RECORD, read_record
+        return pgconn.PgConn(url, db.pg_schema(read_record(str(state / PG_RECORD))[0]), 1, db.PG_USE_SCHEMA)
     if getattr(store.conn, "dialect", "sqlite") == "sqlite":
         import sqlite3
         return sqlite3.connect(store.path)
@@ -499,13 +499,9 @@ def store_write(store, *statements: str) -> None:
     conn = side_connection(store)
     try:
         if getattr(conn, "dialect", None) == "postgresql":
-            conn.begin("BEGIN")
-            for s in statements:
-                conn.execute(s)
-            conn.commit()
-        else:
-            for s in statements:
-                conn.execute(s)
-            conn.commit()
+            conn.begin("BEGIN")             # sqlite3's module opens one itself
+        for s in statements:
+            conn.execute(s)
+        conn.commit()
     finally:
         conn.close()

@@ -187,8 +187,8 @@ def test_a_store_of_another_schema_version_is_refused(tmp_path, pg_url):
     side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1")
     forget_pg_stores()
     with pytest.raises(pgconn.StoreError, match="schema"):
-        db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False,
-                      known=(repo / "aspen" / "aspen.pg").read_text().split("\n")[1])
+        token = (repo / "aspen" / "aspen.pg").read_text().split("\n")[1]
+        db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: token, keep=lambda t: None)
 
 
 @pytest.mark.aspen_store_unchecked(reason="its database is removed at its end: the test verifies the store itself")

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Mapping
 
-from ..refstore import db
+from ..refstore import store as refstore
 from ..runtime import admission, metrics
 from .. import settings
 
@@ -42,7 +42,7 @@ def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:
         if not os.path.isfile(store_path):
             _unlink(e.path)                          # the repository (or its store) is gone
             continue
-        n = db.unbuilt_count(store_path, url)
+        n = refstore.unbuilt_count(store_path, url)
         if n == 0 and age > metrics.PRUNE_S:
             # set the mark aside, then look again: a push that lands meanwhile either is
             # seen now or marks the repository afresh (its kick comes after its version)
@@ -51,7 +51,7 @@ def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:
                 os.rename(e.path, aside)
             except OSError:
                 continue
-            n = db.unbuilt_count(store_path, url)
+            n = refstore.unbuilt_count(store_path, url)
             if n:
                 os.replace(aside, e.path)
             else:

@@ -243,28 +243,26 @@ def _pg_lock_key(schema: str) -> int:
     return int.from_bytes(hashlib.sha1(schema.encode()).digest()[:8], "big", signed=True)
 
 
-def connect_pg(url: str, repo: str, pool_size: int, create: bool = True,
-               known: Optional[str] = None) -> Optional[tuple[pgconn.PgConn, str]]:
-    """The store of the repository known as REPO in the database at URL, and
-    the token of its making. KNOWN is the token the repository's state
-    directory recorded (None: it records none). A store the repository does
-    not know of was made for an earlier repository of that name: with
-    CREATE it is dropped and made anew, as is a missing one; without, None."""
+def connect_pg(url: str, repo: str, pool_size: int, create: bool, known: Callable[[], Optional[str]],
+               keep: Callable[[str], None]) -> Optional[pgconn.PgConn]:
+    """The store of the repository known as REPO in the database at URL.
+    KNOWN() is the token of its making that the repository's state records
+    (None: none); KEEP(token) records one. A store the repository's state
+    does not record was made for an earlier repository of that name: with
+    CREATE it is dropped and made anew, as a missing one is made; without,
+    None (see _pg_create)."""
     conn = pgconn.PgConn(url, pg_schema(repo), pool_size, PG_USE_SCHEMA)
     row = _registered(conn, repo)
-    if row is not None and known is None:
+    if row is None or row[1] != known():
         if not create:
             return None
-        _retry(lambda: _pg_create(conn, repo, replace=row[1]))
+        _retry(lambda: _pg_create(conn, repo, known, keep))
         row = _registered(conn, repo)
-    elif row is None and create:
-        _retry(lambda: _pg_create(conn, repo))
-        row = _registered(conn, repo)
-    if row is None:
-        return None
+        if row is None:
+            return None
     if row[0] != SCHEMA_VERSION:
         raise pgconn.StoreError(f"the store of {repo} is at schema {row[0]}, this Aspen reads {SCHEMA_VERSION}")
-    return conn, row[1]
+    return conn
 
 
 def _registered(conn: pgconn.PgConn, repo: str) -> Optional[tuple]:
@@ -291,17 +289,24 @@ def pg_init(conn: pgconn.PgConn) -> None:
         raise
 
 
-def _pg_create(conn: pgconn.PgConn, repo: str, replace: Optional[str] = None) -> None:
-    """Make REPO's store, unless another process did meanwhile; REPLACE: the
-    token of a store to drop first (unless another process did meanwhile)."""
+def _pg_create(conn: pgconn.PgConn, repo: str, known: Callable[[], Optional[str]],
+               keep: Callable[[str], None]) -> None:
+    """Under the registry's lock, as the repository's state records it then
+    (KNOWN()): a store it records is kept; one it records no token for was
+    an earlier repository's and is dropped; one it records another token
+    for is adopted (its history is mended by the next sync); a missing one is
+    made. The token is recorded (KEEP) before the commit, so that another
+    process deciding next under the lock sees it."""
     import uuid  # startup: only when a PostgreSQL store is made
     conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
     try:
         row = conn.execute("SELECT made FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
-        if row is not None and replace is not None and row[0] == replace:
+        mine = known()
+        if row is not None and mine is None:
             conn.execute("DELETE FROM public.aspen_stores WHERE repo = ?", (repo,))
             row = None
         if row is None:
+            token = uuid.uuid4().hex
             conn.execute(f"DROP SCHEMA IF EXISTS {conn.schema} CASCADE")   # a replaced or half-made one
             conn.execute(f"CREATE SCHEMA {conn.schema}")
             conn.execute(f"SET LOCAL search_path TO {conn.schema}")
@@ -309,7 +314,10 @@ def _pg_create(conn: pgconn.PgConn, repo: str, replace: Optional[str] = None) ->
                 conn.execute(_pg_ddl(statement))
             conn.execute("INSERT INTO public.aspen_stores(repo, schema_name, schema_version, made, created_at)"
                          " VALUES (?, ?, ?, ?, extract(epoch from now()))",
-                         (repo, conn.schema, SCHEMA_VERSION, uuid.uuid4().hex))
+                         (repo, conn.schema, SCHEMA_VERSION, token))
+            keep(token)
+        elif row[0] != mine:
+            keep(row[0])
         conn.commit()
     except BaseException:
         conn.rollback()
@@ -959,34 +967,33 @@ def versions_without_pack(conn: Conn, limit: int) -> list[int]:
         " ORDER BY id LIMIT ?", (limit,))]
 
 
-def unbuilt_count(path: str, url: Optional[str] = None) -> Optional[int]:
-    """How many done versions of the store at PATH have no version pack yet
-    (PATH a PostgreSQL store's record: asked of the database at URL, within 200 ms),
+def pg_unbuilt_count(url: str, repo: str) -> Optional[int]:
+    """unbuilt_count() of the store of the repository known as REPO in the
+    database at URL, waiting at most 200 ms; None when it cannot be read."""
+    conn = pgconn.PgConn(url, pg_schema(repo), 1, PG_USE_SCHEMA)
+    try:
+        with patience(0.2):
+            return _retry(lambda: conn.execute(_UNBUILT).fetchone()[0])
+    except (Error, Busy):
+        return None
+
+
+_UNBUILT = "SELECT count(*) FROM versions WHERE state = 'done' AND id NOT IN (SELECT version FROM version_packs)"
+
+
+def unbuilt_count(path: str) -> Optional[int]:
+    """How many done versions of the store at PATH have no version pack yet,
     read over a brief read-only connection (a metrics scrape: it waits at
     most 200 ms for a locked store, and its close neither checkpoints nor
     removes the write-ahead log; like any reader it makes `-wal` and `-shm`
     beside the file when no connection had); None when it cannot be read."""
-    if path.endswith(".pg"):
-        if not url:
-            return None
-        try:
-            with open(path, encoding="utf-8", errors="surrogateescape") as f:
-                key = f.read().split("\n")[0]
-            conn = pgconn.PgConn(url, pg_schema(key), 1, PG_USE_SCHEMA)
-            with patience(0.2):
-                return _retry(lambda: conn.execute(
-                    "SELECT count(*) FROM versions WHERE state = 'done'"
-                    " AND id NOT IN (SELECT version FROM version_packs)").fetchone()[0])
-        except (OSError, Error, Busy):
-            return None
     try:
         from urllib.parse import quote  # startup: only the metrics page reads a store this way
         conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=0.2, isolation_level=None)
     except sqlite3.Error:
         return None
     try:
-        return conn.execute("SELECT count(*) FROM versions WHERE state = 'done'"
-                            " AND id NOT IN (SELECT version FROM version_packs)").fetchone()[0]
+        return conn.execute(_UNBUILT).fetchone()[0]
     except sqlite3.Error:
         return None
     finally:

@@ -144,6 +144,26 @@ def database_stores(url: str, init: bool = False) -> list[tuple[str, str, int]]:
 PG_RECORD = "aspen.pg"     # in a repository's state: the name and token of its store in PostgreSQL
 
 
+def read_record(record: str) -> tuple[str, str]:
+    """(the name of the store, the token of its making) that a repository's
+    record of its PostgreSQL store says; ("", "") when there is none."""
+    try:
+        with open(record, encoding="utf-8", errors="surrogateescape") as f:
+            named, known = (f.read().split("\n") + ["", ""])[:2]
+        return named, known
+    except FileNotFoundError:
+        return "", ""
+
+
+def unbuilt_count(path: str, url: Optional[str]) -> Optional[int]:
+    """db.unbuilt_count() of the store whose file (SQLite's) or record
+    (PostgreSQL's, in the database at URL) is PATH."""
+    if path.endswith(PG_RECORD):
+        named = read_record(path)[0]
+        return db.pg_unbuilt_count(url, named) if url and named else None
+    return db.unbuilt_count(path)
+
+
 def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], pool_size: int,
                    create: bool) -> Optional[db.Conn]:
     """One connection per thread and repository of a PostgreSQL store (it
@@ -161,23 +181,21 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
     if cached is not None and cached[1] == ident:
         return cached[0]
     key = repo_key(gitdir, env)
-    try:
-        with open(record, encoding="utf-8", errors="surrogateescape") as f:
-            named, known = (f.read().split("\n") + ["", ""])[:2]
-        if named != key:
-            known = ""      # a state copied with another repository's files (cp -r): not this one's store
-    except FileNotFoundError:
-        known = ""
-    made = db.connect_pg(url, key, pool_size, create, known or None)
-    if made is None:
-        return None
-    conn, token = made
-    if token != known:
+
+    def known() -> Optional[str]:
+        named, token = read_record(record)
+        return token if named == key and token else None    # a copied state names another repository
+
+    def keep(token: str) -> None:
         tmp = f"{record}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(f"{key}\n{token}\n")
         os.replace(tmp, record)
-        ident = _file_id(record)
+
+    conn = db.connect_pg(url, key, pool_size, create, known, keep)
+    if conn is None:
+        return None
+    ident = _file_id(record)
     conns[record] = (conn, ident)
     return conn
 
@@ -246,16 +264,17 @@ class RefStore:
     @classmethod
     def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
         """The repository's store, or None when the store is turned off or
-        cannot be kept here (read-only repository without ASPEN_STATE_DIR)."""
+        cannot be kept here (read-only repository without ASPEN_STATE_DIR).
+        With ASPEN_REFSTORE_URL it is in that PostgreSQL database, and the
+        state directory keeps its record beside its packs and ref-lock claims."""
         s = settings.of(env)
         if _disabled(s):
             return None
         sdir = state_dir(gitdir, s)
-        if s.refstore_url:
-            return cls._open_pg(gitdir, env, s, sdir, create)
-        path = os.path.join(sdir, "aspen.sqlite3")
+        path = os.path.join(sdir, store_file_name(s))
         try:
-            if not os.path.exists(path) and not os.path.isfile(os.path.join(gitdir, "HEAD")):
+            kept = not s.refstore_url and os.path.exists(path)          # a SQLite file opens without HEAD
+            if not kept and not os.path.isfile(os.path.join(gitdir, "HEAD")):
                 return None         # no store is made for what is not (or no longer) a repository
             if not os.path.isdir(sdir):
                 if not create:
@@ -267,34 +286,11 @@ class RefStore:
                         pass
                 else:
                     os.makedirs(sdir, exist_ok=True)
+            if s.refstore_url:
+                conn = db.retry(lambda: _pg_connection(s.refstore_url, path, gitdir, env, s.refstore_pool, create))
+                return None if conn is None else cls(gitdir, env, conn, path)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
             return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
-        except (OSError, db.Error):
-            return None
-
-    @classmethod
-    def _open_pg(cls, gitdir: str, env: Mapping[str, str], s: settings.Settings, sdir: str,
-                 create: bool) -> Optional["RefStore"]:
-        """The repository's store in the PostgreSQL database (its state
-        directory beside it still holds its packs and ref-lock claims)."""
-        if not os.path.isfile(os.path.join(gitdir, "HEAD")):
-            return None
-        try:
-            if not os.path.isdir(sdir):
-                if not create:
-                    return None
-                if sdir == os.path.join(gitdir, "aspen"):
-                    try:
-                        os.mkdir(sdir)
-                    except FileExistsError:
-                        pass
-                else:
-                    os.makedirs(sdir, exist_ok=True)
-            record = os.path.join(sdir, PG_RECORD)
-            conn = db.retry(lambda: _pg_connection(s.refstore_url, record, gitdir, env, s.refstore_pool, create))
-            if conn is None:
-                return None
-            return cls(gitdir, env, conn, record)
         except (OSError, db.Error):
             return None
 
