@@ -122,6 +122,10 @@ TABLE = (
      "the name of the tree of repositories this server serves with others from one ASPEN_REFSTORE_URL: "
      "a store is known by this name and the repository's path under GIT_PROJECT_ROOT, the same on every "
      "node; unset: by the repository's absolute path"),
+    ("ASPEN_PACK_STORE", "pack_store", PATH, None, "unset: no replicas", None,
+     "with ASPEN_REFSTORE_URL: a directory on shared storage that every node reads; each push's objects "
+     "are kept there (write-once packs named by their trailer) before it is acknowledged, and this node "
+     "is a replica that catches up from the log before it answers (docs/cluster.md)"),
     # limits
     ("ASPEN_MAX_PUSH_BYTES", "max_push_bytes", SIZE, 0, "`0` (unlimited)", None,
      "a push's request body, raw and inflated: over it, `413`, no ref changes"),

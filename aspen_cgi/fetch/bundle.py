@@ -126,7 +126,7 @@ def bundle_file(ctx, pin: Optional[Pin]) -> BundleFile:
     version = _version(ctx, store, pin)
     header, values, whole = _header(ctx, store, version)
     key = hashlib.sha256(header + ctx.config.object_format.encode()).hexdigest()[:16]
-    directory = os.path.join(os.path.dirname(store.packs_dir), "bundles")
+    directory = os.path.join(os.path.dirname(store.path), "bundles")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"bundle-{version}-{key}.bundle")
     if not os.path.exists(path):

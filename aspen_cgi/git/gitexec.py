@@ -69,6 +69,14 @@ def git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def git_to_file(args: Sequence[str], *, cwd: str, out: IO[bytes], env: Optional[GitEnv] = None) -> Result:
+    """Run `git ARGS` with its standard output written to the open file OUT
+    (a pack too large to hold in memory); stderr captured, stdin empty."""
+    proc = subprocess.run([GIT, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                          stderr=subprocess.PIPE)
+    return Result(proc.returncode, b"", proc.stderr)
+
+
 def program(argv: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
             input: Optional[bytes] = None, timeout: Optional[float] = None) -> Result:
     """Run another program git itself would run (gpg, gpgsm, ssh-keygen for

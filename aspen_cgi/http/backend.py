@@ -269,6 +269,10 @@ def _handle(req: Request, seen: dict) -> Response:
         split = split_url(m.repo_dir)
         if split is not None:
             repo, pin = paths.enter_repo(split[0]), split[1]
+    if repo is None and pin is None and settings.of(env).pack_store:
+        from ..refstore.store import materialize     # startup: replicas only
+        if materialize(m.repo_dir, env):
+            repo = paths.enter_repo(m.repo_dir)     # a replica's copy of a repository the log knows, made now
     if repo is None:
         raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")
     if pin is not None and m.route.handler not in ("info_refs", "service", "bundle"):

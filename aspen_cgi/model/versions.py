@@ -45,6 +45,7 @@ class VersionMeta:
     push_id: Optional[str] = None
     introduced: tuple[str, ...] = ()   # commits this version made reachable
     cert: Optional[PushCert] = None    # the push certificate of a signed push
+    packs: tuple[str, ...] = ()        # the pack store's packs of its objects (a replica's push)
 
 
 @dataclass(frozen=True)

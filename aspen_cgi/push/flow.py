@@ -32,7 +32,7 @@ from ..refstore import db as store_db
 from ..runtime.owners import fault
 from ..service import ServiceRefused
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
-from ..refstore.store import packs_dir_of, sent_pack_path
+from ..refstore.store import packs_dir_of, push_pack_store, replica_mode, sent_pack_path
 
 if TYPE_CHECKING:
     from .signed import Certificate
@@ -82,6 +82,7 @@ class Push:
         self.quarantine: Optional[intake.Quarantine] = None
         self.msgs = push.Messages(False, ctx.log)
         self.keep_file: Optional[str] = None
+        self.replica_packs: tuple[str, ...] = ()    # the pack store's copy of the pack (a replica's push)
         self.sent = None       # packs.sentpack.SentPack
         self.new_commits: dict[str, tuple[str, ...]] = {}
         self.new_objects: Optional[dict[str, str]] = None     # the connectivity walk's other objects and paths
@@ -248,14 +249,45 @@ class Push:
                                     quiet=self.neg.quiet, shallow_file=self.shallow.temp if self.shallow else None)
         self.ctx.trace["objects"] = header.entries
         self.sent = self._keep_sent(raw)
+        upload = None
+        if replica_mode(self.ctx.settings):
+            try:
+                upload = push_pack_store(self.gitdir, self.ctx.env).upload()
+            except OSError as e:
+                self.ctx.log.append(f"aspen: {e}\n")
+                self.quarantine.remove()
+                self.quarantine = None
+                return "the pack store cannot be written"
+            upload.write(raw)
         res = yield from self._relay(intake.unpack(self.quarantine, self.gitdir, self.ctx.env, header,
-                                                   self.body.read, opts, self.idle,
-                                                   self.sent.write if self.sent else None))
+                                                   self.body.read, opts, self.idle, self._tee(upload)))
+        if res.error is None and upload is not None:
+            try:     # before any ref is committed: an acknowledged push's objects are in the pack store
+                sha256 = (self.ctx.config.get("extensions.objectformat") or "").lower() == "sha256"
+                self.replica_packs = (upload.finish(32 if sha256 else 20),)
+            except OSError as e:
+                self.ctx.log.append(f"aspen: {e}\n")
+                res = intake.UnpackResult("the pack store cannot be written", res.keep)
+        elif upload is not None:
+            upload.discard()
         if res.error:
             self.quarantine.remove()
             self.quarantine = None
         self.keep_file = res.keep
         return res.error
+
+    def _tee(self, upload):
+        """Where the client's pack bytes go besides index-pack: the kept sent pack, the pack store."""
+        sent = self.sent
+        if upload is None:
+            return sent.write if sent else None
+        if sent is None:
+            return upload.write
+
+        def both(chunk: bytes) -> None:
+            sent.write(chunk)
+            upload.write(chunk)
+        return both
 
     def _listing(self, states: list[CommandState]):
         """What the connectivity walk found new, when the push was one ref's update:
@@ -516,7 +548,7 @@ class Push:
             if not is_null(c.new):
                 introduced.update(intake.reachable_new(self.new_commits, c.new))
         meta = VersionMeta("push", self.ctx.request.user, self.push_id, tuple(sorted(introduced)),
-                           self.cert.record() if self.cert is not None else None)
+                           self.cert.record() if self.cert is not None else None, self.replica_packs)
         fast = in_process_ok(self.ctx.config, pol.is_bare(self.ctx.config))
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
         with store_db.patience(store_db.store_wait(self.ctx.settings)):

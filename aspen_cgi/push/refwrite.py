@@ -10,7 +10,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..refstore import db, diskrefs
 from ..model.versions import ZERO, RefChange, VersionMeta
-from ..refstore.store import RefStore
+from .. import settings
+from ..refstore.store import RefStore, replica_mode
 
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]
 
@@ -34,6 +35,9 @@ def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], 
     request's) counts `pushed_versions`: versions the store committed."""
     if not changes:
         return None
+    replica = replica_mode(settings.of(env))
+    if store is None and replica:
+        return "failed to update ref (the ref log is unavailable)"
     if store is not None:
         try:
             err = store.commit(changes, meta, fast)
@@ -41,6 +45,10 @@ def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], 
                 trace["pushed_versions"] = trace.get("pushed_versions", 0) + 1
             return err
         except (db.Error, db.Busy) as e:
+            if replica:     # the log is the truth: nothing is written, the client is told
+                if log is not None:
+                    log.append(f"aspen: ref log unavailable for this push ({e}); refused\n")
+                return "failed to update ref (the ref log is unavailable)"
             # the disk is the truth: the next request records what happened as an external version
             if log is not None:
                 log.append(f"aspen: ref store unavailable for this push ({e}); refs written by git alone\n")

@@ -34,7 +34,7 @@ from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 from . import pgconn
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -171,7 +171,13 @@ def _m9(db) -> None:
     db.conn.execute("CREATE INDEX IF NOT EXISTS idx_updates_rewinds ON updates (ref, version) WHERE ff = 0")
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8, _m9]
+def _m10(db) -> None:
+    """The packs a replica applies for each version (docs/cluster.md): the
+    pack store's names of the objects a version introduced."""
+    db["replica_packs"].create({"version": int, "name": str}, pk=("version", "name"), if_not_exists=True)
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8, _m9, _m10]
 
 SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_schema.py)
     "CREATE TABLE versions (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, who TEXT, at REAL NOT NULL,"
@@ -202,6 +208,7 @@ SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_sche
     " start INTEGER NOT NULL, text TEXT NOT NULL)",
     "CREATE INDEX idx_boundaries_commit_oid ON boundaries (commit_oid)",
     "CREATE INDEX idx_updates_rewinds ON updates (ref, version) WHERE ff = 0",
+    "CREATE TABLE replica_packs (version INTEGER, name TEXT, PRIMARY KEY (version, name))",
     "INSERT INTO state(key, value) VALUES ('chain_from', '1')",
 )
 
@@ -223,7 +230,8 @@ def _pg_ddl(statement: str) -> str:
 
 
 PG_TABLES = ("versions", "updates", "tips", "introduced", "refs", "segments", "segment_refs", "state",
-             "version_packs", "boundaries", "segment_packs", "commit_parents", "push_certs", "chain")
+             "version_packs", "boundaries", "segment_packs", "commit_parents", "push_certs", "chain",
+             "replica_packs")
 PG_REGISTRY = ('CREATE TABLE IF NOT EXISTS public.aspen_stores (repo TEXT COLLATE "C" PRIMARY KEY,'
                ' schema_name TEXT NOT NULL UNIQUE, schema_version INTEGER NOT NULL, made TEXT NOT NULL,'
                ' created_at DOUBLE PRECISION)')
@@ -244,19 +252,20 @@ def _pg_lock_key(schema: str) -> int:
 
 
 def connect_pg(url: str, repo: str, pool_size: int, create: bool, known: Callable[[], Optional[str]],
-               keep: Callable[[str], None]) -> Optional[pgconn.PgConn]:
+               keep: Callable[[str], None], adopt: bool = False) -> Optional[pgconn.PgConn]:
     """The store of the repository known as REPO in the database at URL.
     KNOWN() is the token of its making that the repository's state records
     (None: none); KEEP(token) records one. A store the repository's state
     does not record was made for an earlier repository of that name: with
     CREATE it is dropped and made anew, as a missing one is made; without,
-    None (see _pg_create)."""
+    None (see _pg_create). ADOPT (a replica, docs/cluster.md): a store the
+    state does not record is the cluster's, and this node's copy follows it."""
     conn = pgconn.PgConn(url, pg_schema(repo), pool_size, PG_USE_SCHEMA)
     row = _registered(conn, repo)
     if row is None or row[1] != known():
-        if not create:
+        if not create and not (adopt and row is not None):
             return None
-        _retry(lambda: _pg_create(conn, repo, known, keep))
+        _retry(lambda: _pg_create(conn, repo, known, keep, adopt))
         row = _registered(conn, repo)
         if row is None:
             return None
@@ -290,7 +299,7 @@ def pg_init(conn: pgconn.PgConn) -> None:
 
 
 def _pg_create(conn: pgconn.PgConn, repo: str, known: Callable[[], Optional[str]],
-               keep: Callable[[str], None]) -> None:
+               keep: Callable[[str], None], adopt: bool = False) -> None:
     """Under the registry's lock, as the repository's state records it then
     (KNOWN()): a store it records is kept; one it records no token for was
     an earlier repository's and is dropped; one it records another token
@@ -302,7 +311,7 @@ def _pg_create(conn: pgconn.PgConn, repo: str, known: Callable[[], Optional[str]
     try:
         row = conn.execute("SELECT made FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
         mine = known()
-        if row is not None and mine is None:
+        if row is not None and mine is None and not adopt:
             conn.execute("DELETE FROM public.aspen_stores WHERE repo = ?", (repo,))
             row = None
         if row is None:
@@ -728,6 +737,26 @@ def version_updates(conn: Conn, version: int) -> list[tuple[str, str, str, int, 
                              (version,)))
 
 
+def insert_replica_packs(conn: Conn, version: int, names: Iterable[str]) -> None:
+    conn.executemany("INSERT INTO replica_packs(version, name) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                     [(version, n) for n in names])
+
+
+def replica_plan(conn: Conn, after: int, through: int) -> list[tuple[int, tuple[str, ...], tuple[str, ...]]]:
+    """For each version in (AFTER, THROUGH], oldest first: (version, the values
+    it wrote, the pack store's names of the objects it introduced)."""
+    values: dict[int, list[str]] = {}
+    for v, new in conn.execute("SELECT version, new FROM updates WHERE version > ? AND version <= ? AND new != ?",
+                               (after, through, ZERO)):
+        values.setdefault(v, []).append(new)
+    packs: dict[int, list[str]] = {}
+    for v, name in conn.execute("SELECT version, name FROM replica_packs WHERE version > ? AND version <= ?",
+                                (after, through)):
+        packs.setdefault(v, []).append(name)
+    return [(v, tuple(values.get(v, ())), tuple(sorted(packs.get(v, ()))))
+            for v in sorted(set(values) | set(packs))]
+
+
 def version_values(conn: Conn, version: int) -> list[str]:
     """The values VERSION wrote (deletions left out)."""
     return [r[0] for r in conn.execute("SELECT DISTINCT new FROM updates WHERE version = ? AND new != ?",
@@ -976,6 +1005,13 @@ def pg_unbuilt_count(url: str, repo: str) -> Optional[int]:
             return _retry(lambda: conn.execute(_UNBUILT).fetchone()[0])
     except (Error, Busy):
         return None
+
+
+def pg_known(url: str, repo: str) -> bool:
+    """Whether the database at URL has a store for the repository known as REPO."""
+    conn = pgconn.PgConn(url, "public", 1, PG_USE_SCHEMA)
+    with patience(READ_WAIT):
+        return _registered(conn, repo) is not None
 
 
 _UNBUILT = "SELECT count(*) FROM versions WHERE state = 'done' AND id NOT IN (SELECT version FROM version_packs)"

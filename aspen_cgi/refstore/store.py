@@ -29,7 +29,8 @@ from ..model import refs as refs_mod
 from ..model.pin import Pin, PinError
 from .. import settings
 from ..runtime.statedir import state_dir
-from . import chaining, db, diskrefs, fingerprint, reflocks, segments, views
+from . import chaining, db, diskrefs, fingerprint, reflocks, replica, segments, views
+from .packstore import PackStore
 from ..runtime.owners import fault, owner_alive, owner_id
 from ..model.versions import ZERO, is_null, AncestryAnswer, ChainReport, CloneView, CompactReport, PackInfo, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
 
@@ -92,8 +93,42 @@ def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
         return None
     sdir = state_dir(gitdir, s)
     if s.refstore_url:
-        return os.path.join(sdir, "packs") if os.path.isdir(sdir) else None
+        if not os.path.isdir(sdir):
+            return None
+        return push_pack_store(gitdir, env).directory if replica_mode(s) else os.path.join(sdir, "packs")
     return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
+
+
+def replica_mode(s: settings.Settings) -> bool:
+    """Whether this node is a replica of the log (docs/cluster.md): a
+    PostgreSQL store and a pack store."""
+    return bool(s.refstore and s.refstore_url and s.pack_store)
+
+
+def push_pack_store(gitdir: str, env: Mapping[str, str]) -> PackStore:
+    """The repository's directory in the pack store, without opening its store."""
+    return PackStore(settings.of(env).pack_store, db.pg_schema(repo_key(gitdir, env)))
+
+
+def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
+    """A replica lacking a repository the log knows (a new node, a lost
+    directory): make it empty at REPO_DIR (or REPO_DIR.git, as the log names
+    it), for its first request's sync to fill. False when there is nothing
+    to make."""
+    s = settings.of(env)
+    if not replica_mode(s):
+        return False
+    for cand in (repo_dir,) if repo_dir.endswith(".git") else (repo_dir, repo_dir + ".git"):
+        if os.path.lexists(cand):
+            continue
+        try:
+            if not db.pg_known(s.refstore_url, repo_key(cand, env)):
+                continue
+            os.makedirs(os.path.dirname(cand), exist_ok=True)
+        except (OSError, db.Error, db.Busy):
+            return False
+        return replica.init_bare(cand, env)
+    return False
 
 
 def store_file_name(s: settings.Settings) -> str:
@@ -192,7 +227,7 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
             f.write(f"{key}\n{token}\n")
         os.replace(tmp, record)
 
-    conn = db.connect_pg(url, key, pool_size, create, known, keep)
+    conn = db.connect_pg(url, key, pool_size, create, known, keep, adopt=replica_mode(settings.of(env)))
     if conn is None:
         return None
     ident = _file_id(record)
@@ -303,9 +338,19 @@ class RefStore:
         self.version = self._sync(by)
         return self.version
 
+    @property
+    def replica_root(self) -> Optional[str]:
+        """The pack store's root when this node is a replica of the log, else None."""
+        s = settings.of(self.env)
+        return s.pack_store if replica_mode(s) else None
+
     def _sync(self, by: Optional[VersionMeta] = None) -> int:
         reflocks.sweep(os.path.dirname(self.path))
         latest, stored_fp, pending = db.head(self.conn)
+        root = self.replica_root
+        if root is not None:
+            # the log is the truth and the disk follows it: never an external version
+            return replica.catch_up(self, root, latest or self._import())
         if latest == 0:
             return self._import()
         if pending:
@@ -316,13 +361,22 @@ class RefStore:
         return self._sync_disk(fp, stored_fp, by)
 
     def _import(self) -> int:
+        root = self.replica_root
+        rows = views.read_git(self.gitdir, self.env)
+        packs: tuple[str, ...] = ()
+        if root is not None and any(r.symref is None for r in rows):
+            oid_len = next(len(r.oid) for r in rows if r.symref is None and r.oid)
+            packs = (replica.publish_all(self, root, oid_len // 2),)   # the first node's objects, for the others
+
         def tx(conn: db.Conn) -> int:
             self.imported = False
             if db.latest_version(conn):
                 return db.latest_version(conn)
             fp = fingerprint.take(self.gitdir)
-            rows = views.read_git(self.gitdir, self.env)
             v = db.insert_version(conn, "import", None, time.time(), None, "done", None)
+            if root is not None:
+                db.insert_replica_packs(conn, v, packs)
+                db.set_state(conn, replica.HEAD_KEY, replica.local_head(self.gitdir))
             direct = [r for r in rows if r.symref is None]
             db.insert_updates(conn, v, [(r.name, ZERO, r.oid, False, r.otype, r.peeled) for r in direct])
             db.insert_tips(conn, v, views.tip_rows(direct))
@@ -332,7 +386,10 @@ class RefStore:
             chaining.seal(conn)
             self.imported = True
             return v
-        return db.write(self.conn, tx)
+        v = db.write(self.conn, tx)
+        if root is not None and self.imported:
+            replica.set_applied(os.path.dirname(self.path), v)
+        return v
 
     def _pending_refs(self, conn: db.Conn) -> set[str]:
         names: set[str] = set()
@@ -504,6 +561,8 @@ class RefStore:
         permissions configured) for the changes it can take."""
         if not changes:
             return None
+        if self.replica_root is not None:
+            return self._commit_replica(changes, meta)
         tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
         held: Optional[reflocks.Claim] = None
         if fast:
@@ -576,21 +635,71 @@ class RefStore:
     def _finish(self, vid: int, void: Sequence[str]) -> None:
         """Mark VID done (its VOID refs never changed on disk: their updates
         become no-ops), apply it to the current refs, and compact."""
-        def tx(conn: db.Conn) -> None:
-            for ref in void:
-                db.void_update(conn, vid, ref)
-            if void and len(void) == len(db.version_updates(conn, vid)):
-                db.drop_introduced(conn, vid)
-            if not db.mark_done(conn, vid):
-                return
-            for ref, old, new, ff, otype, peeled in db.version_updates(conn, vid):
-                latest = db.latest_done_update(conn, ref)
-                if latest is None or is_null(latest[0]):
-                    db.delete_refs(conn, [ref])
-                else:
-                    db.put_refs(conn, [StoredRef(ref, latest[0], None, latest[1], latest[2])], latest[3])
-            self._compact(conn)
-        db.write(self.conn, tx)
+        db.write(self.conn, lambda conn: self._done(conn, vid, void))
+
+    def _done(self, conn: db.Conn, vid: int, void: Sequence[str]) -> None:
+        for ref in void:
+            db.void_update(conn, vid, ref)
+        if void and len(void) == len(db.version_updates(conn, vid)):
+            db.drop_introduced(conn, vid)
+        if not db.mark_done(conn, vid):
+            return
+        for ref, old, new, ff, otype, peeled in db.version_updates(conn, vid):
+            latest = db.latest_done_update(conn, ref)
+            if latest is None or is_null(latest[0]):
+                db.delete_refs(conn, [ref])
+            else:
+                db.put_refs(conn, [StoredRef(ref, latest[0], None, latest[1], latest[2])], latest[3])
+        self._compact(conn)
+
+    def _commit_replica(self, changes: Sequence[RefChange], meta: VersionMeta) -> Optional[str]:
+        """A replica's push: the compare-and-swap is the log's (another node may
+        have moved the ref), the version is done when committed, and this
+        node's disk follows under its replica lock. The push's objects are
+        already in the pack store (META.packs)."""
+        sdir = os.path.dirname(self.path)
+        with replica.locked(sdir, settings.of(self.env).store_wait):
+            before = replica.applied(sdir)
+            tx = diskrefs.UpdateRef(self.gitdir, self.env)
+            try:
+                err = tx.prepare([RefChange(c.ref, None, c.new, c.ff, c.otype, c.peeled) for c in changes])
+                if err:
+                    return err
+                fault("refs-locked", self.env)
+                tried: list[tuple[str, int]] = []
+                try:
+                    got = db.write(self.conn, lambda conn: self._insert_replica(conn, changes, meta, tried))
+                finally:
+                    for key in tried:
+                        _inflight.discard(key)
+                if isinstance(got, str):
+                    return got
+                fault("store-committed", self.env)
+                if tx.commit() is None and before == got - 1:
+                    replica.set_applied(sdir, got)
+                # else the disk lags the log: the next request's catch-up writes the refs
+                return None
+            finally:
+                tx.close()
+
+    def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
+                        tried: list[tuple[str, int]]) -> "int | str":
+        current = db.refs_named(conn, [c.ref for c in changes])
+        for c in changes:
+            if c.old is None:
+                continue
+            cur = current.get(c.ref)
+            have = cur.oid if cur is not None and cur.oid else ZERO
+            if is_null(c.old) and not is_null(have):
+                return f"cannot lock ref '{c.ref}': reference already exists"
+            if not is_null(c.old) and is_null(have):
+                return f"cannot lock ref '{c.ref}': unable to resolve reference '{c.ref}'"
+            if not is_null(c.old) and have != c.old:
+                return f"cannot lock ref '{c.ref}': is at {have} but expected {c.old}"
+        vid = self._insert(conn, changes, meta, tried)
+        db.insert_replica_packs(conn, vid, meta.packs)
+        self._done(conn, vid, [])
+        return vid
 
     # -- compaction ------------------------------------------------------------------------------
 
@@ -630,6 +739,11 @@ class RefStore:
 
     @property
     def packs_dir(self) -> str:
+        """Where its version, segment and import packs are: the state's
+        `packs/`, or a replica's directory in the pack store (shared by every node)."""
+        root = self.replica_root
+        if root is not None:
+            return os.path.join(root, getattr(self.conn, "schema", ""))
         return os.path.join(os.path.dirname(self.path), "packs")
 
     def refs_before(self, version: int) -> dict[str, str]:

@@ -1,0 +1,184 @@
+"""A node as a replica of the log (ASPEN_PACK_STORE, docs/cluster.md).
+
+Each node keeps its own git repository for each repository of the
+cluster; the log in PostgreSQL is the truth, and the node's disk follows
+it. Before a node answers, its store's sync compares the log's latest
+version with the version the node's disk was last brought to (the file
+`replica` in the repository's state). When it is behind, catch_up()
+applies what it lacks, under the node's lock for that repository:
+`git index-pack --fix-thin` of the stored packs of every version whose
+values the node does not have, oldest first, then the refs as the log
+has them (`git update-ref --stdin`, no compare: the log decided), then the
+new mark. A push through this node holds the same lock while it commits,
+so its disk write and a catch-up never interleave."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
+
+from ..git import gitexec
+from ..git.reader import object_info
+from ..model.versions import ZERO, RefChange
+from . import db, diskrefs
+from .packstore import PackStore, PackStoreError
+
+if TYPE_CHECKING:
+    from .store import RefStore
+
+MARK = "replica"
+LOCK = "replica.lock"
+HEAD_KEY = "replica_head"
+LOCK_WAIT = 60.0         # a request waits this long for another catch-up of its repository on this node
+
+
+class ReplicaError(OSError):
+    """The node cannot be brought to the log (a pack missing from the pack
+    store, git failing): its requests are answered from its disk."""
+
+
+def pack_store(store: "RefStore", root: str) -> PackStore:
+    return PackStore(root, getattr(store.conn, "schema", "") or "sqlite")
+
+
+def publish_all(store: "RefStore", root: str, hash_len: int) -> str:
+    """Every object of this node's repository as one pack in the pack store
+    (a repository's import: what the other nodes start from); its name."""
+    up = pack_store(store, root).upload()
+    try:
+        res = gitexec.git_to_file(["pack-objects", "--all", "--stdout", "--quiet"], cwd=store.gitdir,
+                                  out=up.f, env=gitexec.GitEnv(store.env))     # type: ignore[arg-type]
+        if res.returncode != 0:
+            raise ReplicaError(f"pack-objects failed: {res.stderr.decode('utf-8', 'replace').strip()}")
+        up.written()
+        return up.finish(hash_len)
+    except BaseException:
+        up.discard()
+        raise
+
+
+def init_bare(path: str, env: Mapping[str, str]) -> bool:
+    """An empty bare repository at PATH, for the log to fill."""
+    res = gitexec.git(["init", "--bare", "--quiet", path], cwd=os.path.dirname(path) or "/",
+                      env=gitexec.GitEnv({k: v for k, v in env.items() if not k.startswith("GIT_DIR")}))
+    return res.returncode == 0
+
+
+def applied(state_dir: str) -> int:
+    """The version this node's disk was last brought to (0: never)."""
+    try:
+        with open(os.path.join(state_dir, MARK), "rb") as f:
+            text = f.read().strip()
+        return int(text) if text.isdigit() else 0
+    except OSError:
+        return 0
+
+
+def set_applied(state_dir: str, version: int) -> None:
+    tmp = os.path.join(state_dir, f"{MARK}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(f"{version}\n")
+    os.replace(tmp, os.path.join(state_dir, MARK))
+
+
+@contextmanager
+def locked(state_dir: str, wait: float) -> Iterator[None]:
+    """This node's lock on the repository's disk (flock: released by the
+    kernel when its holder dies), waited for WAIT seconds at most."""
+    fd = os.open(os.path.join(state_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait
+        delay = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise db.Busy("the repository's replica lock is held")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        yield
+    finally:
+        os.close(fd)
+
+
+def catch_up(store: "RefStore", root: str, latest: int, progress: Optional[Callable[[int, int], None]] = None) -> int:
+    """Bring this node's disk to the log (at least to LATEST); the version it is at."""
+    sdir = os.path.dirname(store.path)
+    if applied(sdir) >= latest:
+        return latest
+    with locked(sdir, LOCK_WAIT):
+        return _apply(store, pack_store(store, root), sdir, progress)
+
+
+def _apply(store: "RefStore", packs: PackStore, sdir: str,
+           progress: Optional[Callable[[int, int], None]]) -> int:
+    have = applied(sdir)
+    conn = store.conn
+    with db.reading(conn):
+        through = db.latest_version(conn)
+        plan = db.replica_plan(conn, have, through)
+        rows = db.all_refs(conn)
+        head = db.get_state(conn, HEAD_KEY)
+    if through <= have:
+        return have
+    gitdir, env = store.gitdir, store.env
+    values = sorted({v for _, vals, _ in plan for v in vals})
+    present = _present(gitdir, env, values)
+    todo = [(v, names) for v, vals, names in plan if not all(x in present for x in vals)]
+    for i, (v, names) in enumerate(todo):
+        if not names:
+            raise ReplicaError(f"version {v}'s objects are neither here nor in the pack store")
+        for name in names:
+            _index(gitdir, env, packs, name)
+        if progress is not None:
+            progress(i + 1, len(todo))
+    _write_refs(gitdir, env, rows, head)
+    set_applied(sdir, through)
+    return through
+
+
+def _present(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> set[str]:
+    info = object_info(gitdir, env, list(oids))
+    return {o for o, (t, _) in info.items() if t != "missing"}
+
+
+def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> None:
+    try:
+        path = packs.path(name)
+    except PackStoreError as e:
+        raise ReplicaError(str(e)) from e
+    if not os.path.isfile(path):
+        raise ReplicaError(f"pack {name} is missing from the pack store ({packs.directory})")
+    res = gitexec.git(["index-pack", "--stdin", "--fix-thin"], cwd=gitdir, env=gitexec.GitEnv(env), stdin_path=path)
+    if res.returncode != 0:
+        raise ReplicaError(f"index-pack of {name} failed: {res.stderr.decode('utf-8', 'replace').strip()}")
+
+
+def _write_refs(gitdir: str, env: Mapping[str, str], rows, head: Optional[str]) -> None:
+    disk = diskrefs.read_all(gitdir)
+    want = {r.name: r.oid for r in rows if r.symref is None and r.oid and r.name.startswith("refs/")}
+    changes = [RefChange(n, None, oid) for n, oid in sorted(want.items())
+               if disk.get(n) is None or disk[n].symref is not None or disk[n].oid != oid]
+    changes += [RefChange(n, None, ZERO) for n, r in sorted(disk.items()) if n not in want and r.symref is None]
+    if changes:
+        err = diskrefs.apply(gitdir, env, changes, "aspen replica")
+        if err:
+            raise ReplicaError(f"the refs could not be written: {err}")
+    if head and head.startswith("refs/"):
+        if local_head(gitdir) != head:
+            gitexec.git(["symbolic-ref", "HEAD", head], cwd=gitdir, env=gitexec.GitEnv(env))
+
+
+def local_head(gitdir: str) -> Optional[str]:
+    """The ref HEAD names on this node's disk, or None (detached, unreadable)."""
+    try:
+        with open(os.path.join(gitdir, "HEAD"), "rb") as f:
+            text = f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return text[5:].strip() if text.startswith("ref: ") else None
