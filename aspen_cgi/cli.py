@@ -194,6 +194,58 @@ def _cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replica(args: argparse.Namespace) -> int:
+    """`aspen replica sync`: bring this node's copies to the log."""
+    from .refstore import store as refstore  # startup
+    from .runtime.progress import Bar  # startup
+    env = dict(os.environ)
+    s = aspen_settings.of(env)
+    if not refstore.replica_mode(s):
+        print("aspen replica: this node is no replica: set ASPEN_REFSTORE_URL and ASPEN_PACK_STORE",
+              file=sys.stderr)
+        return 2
+    paths = list(args.repo)
+    if args.all:
+        root = env.get("GIT_PROJECT_ROOT")
+        if not root or not s.cluster:
+            print("aspen replica sync --all: set GIT_PROJECT_ROOT and ASPEN_CLUSTER", file=sys.stderr)
+            return 2
+        try:
+            known = refstore.database_stores(s.refstore_url)
+        except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]
+            print(f"aspen replica sync: {e}", file=sys.stderr)
+            return 1
+        paths += [os.path.join(root, r[len(s.cluster) + 1:]) for r, _, _ in known if r.startswith(s.cluster + ":")]
+    if not paths:
+        print("aspen replica sync: name a repository, or --all", file=sys.stderr)
+        return 2
+    failed = 0
+    for path in paths:
+        path = os.path.abspath(path)
+        made = not os.path.exists(os.path.join(path, "HEAD")) and refstore.materialize(path, env)
+        if not os.path.isfile(os.path.join(path, "HEAD")):
+            print(f"aspen replica sync: {path}: not a repository here, and the log knows none there",
+                  file=sys.stderr)
+            failed += 1
+            continue
+        store = refstore.RefStore.open(path, dict(env, GIT_DIR=path))
+        if store is None:
+            print(f"aspen replica sync: {path}: its store cannot be opened", file=sys.stderr)
+            failed += 1
+            continue
+        bar = Bar(f"sync {os.path.basename(path)}", enabled=not args.quiet)
+        try:
+            before, after = store.catch_up(lambda done, total: bar.update(done, total, "versions' packs"))
+        except (OSError, refstore.db.Error, refstore.db.Busy) as e:     # type: ignore[misc]
+            bar.finish()
+            print(f"aspen replica sync: {path}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        bar.finish()
+        print(f"{path}: {'made, ' if made else ''}version {before} -> {after}")
+    return 1 if failed else 0
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     if args.background:
         return _import_background(args)
@@ -773,6 +825,19 @@ def build_parser() -> argparse.ArgumentParser:
     dbp.add_argument("url", nargs="?", help="the database's postgresql:// URL (default: ASPEN_REFSTORE_URL)")
     dbp.add_argument("--json", action="store_true", help="print the stores as JSON")
     dbp.set_defaults(func=_cmd_db)
+
+    rep = sub.add_parser("replica", help="bring this node's repositories to the cluster's log (docs/cluster.md)",
+                         description="sync: make each repository the log knows and this node lacks (an empty "
+                                     "node, a lost directory), then apply the pack store's packs of every version "
+                                     "its copy lacks and set its refs as the log has them, with a progress bar. "
+                                     "Needs the server's ASPEN_REFSTORE_URL, ASPEN_PACK_STORE, ASPEN_CLUSTER and "
+                                     "GIT_PROJECT_ROOT. A server does the same before each answer; this does it "
+                                     "ahead of the first request.")
+    rep.add_argument("action", choices=("sync",), help="sync: bring the copies to the log")
+    rep.add_argument("repo", nargs="*", help="path of a repository on this node (it need not exist yet)")
+    rep.add_argument("--all", action="store_true", help="every repository of ASPEN_CLUSTER in the log")
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.set_defaults(func=_cmd_replica)
 
     st = sub.add_parser("stats", help="response cache, admission and server metrics figures",
                         description="For each repository: requests answered through the response cache, the hit "

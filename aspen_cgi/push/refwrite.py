@@ -37,6 +37,8 @@ def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], 
         return None
     replica = replica_mode(settings.of(env))
     if store is None and replica:
+        if log is not None:
+            log.append("aspen: ref log unavailable for this push; refused\n")
         return "failed to update ref (the ref log is unavailable)"
     if store is not None:
         try:

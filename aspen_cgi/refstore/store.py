@@ -344,6 +344,18 @@ class RefStore:
         s = settings.of(self.env)
         return s.pack_store if replica_mode(s) else None
 
+    def catch_up(self, progress: Optional[Callable[[int, int], None]] = None) -> tuple[int, int]:
+        """A replica brought to the log now (`aspen replica sync`): (the version
+        its disk was at, the version it is at). PROGRESS(done, total) per
+        version whose pack is applied."""
+        root = self.replica_root
+        if root is None:
+            raise OSError("this node is no replica: set ASPEN_REFSTORE_URL and ASPEN_PACK_STORE")
+        before = replica.applied(os.path.dirname(self.path))
+        latest = db.head(self.conn)[0] or self._import()
+        self.version = replica.catch_up(self, root, latest, progress)
+        return before, self.version
+
     def _sync(self, by: Optional[VersionMeta] = None) -> int:
         reflocks.sweep(os.path.dirname(self.path))
         latest, stored_fp, pending = db.head(self.conn)

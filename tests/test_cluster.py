@@ -1,0 +1,457 @@
+"""Aspen as a cluster (docs/cluster.md, issue 20): a real PostgreSQL of the
+module's own (it is stopped and started here), a pack store directory, 3
+gunicorn nodes each over its own repository root, and nginx in front with
+nginx/aspen-cluster.conf, its placeholders filled in. Real git clients
+push through one node and fetch through the others; a node is killed with
+kill -9 in the middle of pushes; PostgreSQL goes away for 10 s; a node
+loses a repository's directory; a new, empty node joins."""
+
+from __future__ import annotations
+
+import base64
+import grp
+import hashlib
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from . import harness as h
+from . import pgserver
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.aspen_store_unchecked("each node's copies are verified here, with the cluster's settings")]
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+CONF = REPO_DIR / "nginx" / "aspen-cluster.conf"
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+USER, PASSWORD = "alice", "s3cret-pw"
+STORE_WAIT = "3"
+
+
+def _nobody() -> tuple[str, str]:
+    pw = pwd.getpwnam("nobody")
+    return pw.pw_name, grp.getgrgid(pw.pw_gid).gr_name
+
+
+def server_block(listen: str, nodes: list[str], htpasswd: str) -> str:
+    text = CONF.read_text()
+    lines = " ".join(f"server {n} max_fails=1 fail_timeout=5s;" for n in nodes)
+    for k, v in {"@LISTEN@": listen, "@NODES@": lines, "@HTPASSWD@": htpasswd}.items():
+        assert k in text, k
+        text = text.replace(k, v)
+    assert not re.search(r"@[A-Z_]+@", text)
+    return text
+
+
+class Cluster:
+    def __init__(self, base: Path):
+        self.base = base
+        self.pg = pgserver.private()
+        self.url = self.pg.create_database("cluster")
+        self.packs = base / "packstore"
+        self.packs.mkdir()
+        self.nodes: list[h.Server] = []
+        self.nginx = None
+        self.port = 0
+
+    def env(self) -> dict:
+        return {"ASPEN_REFSTORE_URL": self.url, "ASPEN_PACK_STORE": str(self.packs), "ASPEN_CLUSTER": "c",
+                "ASPEN_STORE_WAIT": STORE_WAIT, "ASPEN_ACCESS_LOG": "1",
+                "ASPEN_REMOTE_USER_HEADER": "X-Remote-User",
+                "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
+
+    def add_node(self, root: Path) -> h.Server:
+        root.mkdir(parents=True, exist_ok=True)
+        node = h.Server(root, self.env(), threads=4).start()
+        self.nodes.append(node)
+        return node
+
+    def restart(self, i: int, **extra: str) -> h.Server:
+        self.nodes[i].stop()
+        self.nodes[i] = h.Server(self.nodes[i].root, dict(self.env(), **extra), threads=4).start()
+        return self.nodes[i]
+
+    def start_nginx(self, nodes: list[h.Server]) -> None:
+        b = Path(tempfile.mkdtemp(prefix="aspen-cluster-nginx-"))
+        b.chmod(0o755)
+        self.nginx_dir = b
+        htpasswd = b / "htpasswd"
+        htpasswd.write_text(f"{USER}:{{SHA}}{base64.b64encode(hashlib.sha1(PASSWORD.encode()).digest()).decode()}\n")
+        htpasswd.chmod(0o644)
+        for _ in range(5):
+            self.port = h.free_port()
+            (b / "cluster.conf").write_text(server_block(f"127.0.0.1:{self.port}",
+                                                         [f"127.0.0.1:{n.port}" for n in nodes], str(htpasswd)))
+            user = "user {} {};\n".format(*_nobody()) if os.geteuid() == 0 else ""
+            (b / "nginx.conf").write_text(
+                f"{user}worker_processes 1;\npid {b}/nginx.pid;\nerror_log {b}/error.log info;\n"
+                f"events {{}}\nhttp {{\n    access_log {b}/access.log;\n"
+                f"    client_body_temp_path {b}/body;\n    proxy_temp_path {b}/proxy;\n"
+                f"    fastcgi_temp_path {b}/fastcgi;\n    uwsgi_temp_path {b}/uwsgi;\n"
+                f"    scgi_temp_path {b}/scgi;\n    include {b}/cluster.conf;\n}}\n")
+            self.nginx = subprocess.Popen([NGINX, "-p", str(b), "-c", str(b / "nginx.conf"), "-e",
+                                           str(b / "error.log"), "-g", "daemon off;"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            deadline = time.time() + 15
+            while time.time() < deadline and self.nginx.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    return
+                except OSError:
+                    time.sleep(0.05)
+            if self.nginx.poll() is None:
+                self.nginx.kill()
+            output = self.nginx.communicate()[0].decode(errors="replace")
+            if "Address already in use" not in output:
+                raise AssertionError(f"nginx did not start:\n{output}")
+        raise AssertionError("nginx: no free port")
+
+    def front(self, repo: str, auth: bool = False) -> str:
+        cred = f"{USER}:{PASSWORD}@" if auth else ""
+        return f"http://{cred}127.0.0.1:{self.port}/{repo}"
+
+    def stop(self) -> None:
+        if self.nginx is not None and self.nginx.poll() is None:
+            self.nginx.terminate()
+            self.nginx.wait(timeout=15)
+        for n in self.nodes:
+            n.stop()
+        pgserver.remove(self.pg)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    h.need_system("nginx", NGINX)
+    base = tmp_path_factory.mktemp("cluster")
+    c = Cluster(base)
+    try:
+        for i in range(3):
+            c.add_node(base / f"node{i}")
+        c.start_nginx(c.nodes)
+        yield c
+    finally:
+        c.stop()
+        h.forget_stopped_servers()
+
+
+def run(*args: str, cwd=None, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def ls_remote(url: str) -> dict[str, str]:
+    r = run("ls-remote", url)
+    assert r.returncode == 0, r.stderr
+    return {ref: oid for oid, ref in (line.split("\t") for line in r.stdout.splitlines()) if ref != "HEAD" and not ref.endswith("^{}")}
+
+
+def new_repo(c: Cluster, name: str, tmp: Path) -> Path:
+    """A repository with history on node 0 (the log learns it at node 0's first request)."""
+    repo = h.make_history(c.nodes[0].root / name)
+    assert run("ls-remote", f"{c.nodes[0].url}/{name}").returncode == 0
+    return repo
+
+
+def commit(work: Path, text: str, size: int = 0) -> str:
+    (work / f"{text}.txt").write_bytes(text.encode() + (os.urandom(size) if size else b"") + b"\n")
+    h.git("add", ".", cwd=str(work))
+    h.git("commit", "-q", "-m", text, cwd=str(work))
+    return h.out("rev-parse", "HEAD", cwd=str(work))
+
+
+def check_clone(url: str, dest: Path, want: dict[str, str]) -> None:
+    r = run("clone", "-q", "--mirror", url, str(dest))
+    assert r.returncode == 0, r.stderr
+    h.fsck_strict(str(dest))
+    assert h.refs_of(str(dest)) == want
+
+
+def node_refs(node: h.Server, name: str) -> dict[str, str]:
+    return ls_remote(f"{node.url}/{name}")
+
+
+def test_a_push_through_one_node_is_fetched_at_once_through_the_others(cluster, tmp_path):
+    c = cluster
+    new_repo(c, "a.git", tmp_path)
+    work = tmp_path / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/a.git", str(work)).returncode == 0
+    for i in range(3):
+        tip = commit(work, f"a{i}")
+        r = run("push", c.nodes[i].url + "/a.git", "HEAD:main", cwd=str(work))
+        assert r.returncode == 0, r.stderr
+        want = node_refs(c.nodes[i], "a.git")
+        assert want["refs/heads/main"] == tip
+        for j in range(3):            # at once, through every node (read-your-writes)
+            check_clone(f"{c.nodes[j].url}/a.git", tmp_path / f"m{i}{j}", want)
+    check_clone(c.front("a.git"), tmp_path / "front", want)
+    r = run("push", c.front("a.git", auth=True), "HEAD:refs/heads/via-nginx", cwd=str(work))
+    assert r.returncode == 0, r.stderr
+    for n in c.nodes:
+        assert node_refs(n, "a.git")["refs/heads/via-nginx"] == tip
+
+
+def test_concurrent_pushers_on_three_nodes_one_order_every_acknowledged_push_everywhere(cluster, tmp_path):
+    """12 pushers at once, 4 per node: 6 onto main from one old value (one
+    wins), 6 onto branches of their own (all land). Every node then holds
+    every acknowledged push, and the log's order is one order."""
+    c = cluster
+    new_repo(c, "b.git", tmp_path)
+    base = node_refs(c.nodes[0], "b.git")["refs/heads/main"]
+    works = []
+    for i in range(12):
+        w = tmp_path / f"w{i}"
+        assert run("clone", "-q", f"{c.nodes[i % 3].url}/b.git", str(w)).returncode == 0
+        commit(w, f"writer{i}")
+        works.append(w)
+    results: list = [None] * 12
+    gate = threading.Barrier(12)
+
+    def push(i: int) -> None:
+        gate.wait(timeout=30)
+        target = "HEAD:main" if i < 6 else f"HEAD:refs/heads/own{i}"
+        results[i] = run("push", f"{c.nodes[i % 3].url}/b.git", target, cwd=str(works[i]))
+    threads = [threading.Thread(target=push, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    won = [i for i in range(6) if results[i].returncode == 0]
+    assert len(won) == 1, [r.stderr for r in results[:6]]
+    for i in range(6):
+        if i not in won:
+            assert re.search(r"\[rejected\]|\[remote rejected\]|failed to push", results[i].stderr), results[i].stderr
+            assert not re.search(r"HTTP 5\d\d|Traceback|internal error", results[i].stderr), results[i].stderr
+    assert all(results[i].returncode == 0 for i in range(6, 12)), [r.stderr for r in results[6:]]
+    want = {"refs/heads/main": h.out("rev-parse", "HEAD", cwd=str(works[won[0]]))}
+    want.update({f"refs/heads/own{i}": h.out("rev-parse", "HEAD", cwd=str(works[i])) for i in range(6, 12)})
+    views = [node_refs(n, "b.git") for n in c.nodes]
+    for v in views:
+        assert {k: v.get(k) for k in want} == want
+        assert v == views[0]
+    order = _log_refs(c, 0, "b.git")
+    assert order[0] == "import" and sorted(order[1:]) == sorted(["refs/heads/main"] + [f"refs/heads/own{i}" for i in range(6, 12)])
+    assert base != want["refs/heads/main"]
+    for j, n in enumerate(c.nodes):
+        check_clone(f"{n.url}/b.git", tmp_path / f"m{j}", views[0])
+        assert _aspen(c, j, "verify", str(n.root / "b.git")).returncode == 0
+
+
+def _aspen(c: Cluster, i: int, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **c.env(), GIT_PROJECT_ROOT=str(c.nodes[i].root))
+    return subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=str(REPO_DIR))
+
+
+def _log_refs(c: Cluster, i: int, name: str) -> list[str]:
+    """Oldest first: "import", then each version's one ref."""
+    r = _aspen(c, i, "log", "--json", str(c.nodes[i].root / name))
+    assert r.returncode == 0, r.stderr
+    import json
+    out = []
+    for v in reversed([json.loads(line) for line in r.stdout.splitlines() if line]):
+        out.append(v["kind"] if v["kind"] == "import" else ",".join(u["ref"] for u in v["updates"]))
+    return out
+
+
+def _kill_tree(pid: int) -> None:
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        kids.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    for p in [pid] + kids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_kill_9_of_a_node_mid_push_loses_no_acknowledged_push(cluster, tmp_path):
+    """Three rounds: pushes of 1-2 MiB through node 2 while clones and
+    fetches go through nodes 0 and 1; node 2 is killed with kill -9 at a
+    random moment, then restarted. Every push a client was told landed is
+    on every node afterwards; the restarted node catches up; verify clean."""
+    c = cluster
+    new_repo(c, "k.git", tmp_path)
+    rnd = random.Random(20)
+    acked: dict[str, str] = {}
+    stop = threading.Event()
+    load_errors: list[str] = []
+
+    def load() -> None:
+        k = 0
+        while not stop.is_set():
+            dest = tmp_path / f"load{k}"
+            r = run("clone", "-q", f"{c.nodes[k % 2].url}/k.git", str(dest))
+            if r.returncode != 0:
+                load_errors.append(r.stderr)
+            shutil.rmtree(dest, ignore_errors=True)
+            k += 1
+    loader = threading.Thread(target=load)
+    loader.start()
+    try:
+        for rnd_i in range(3):
+            works = []
+            for j in range(3):
+                w = tmp_path / f"r{rnd_i}w{j}"
+                assert run("clone", "-q", f"{c.nodes[0].url}/k.git", str(w)).returncode == 0
+                commit(w, f"r{rnd_i}w{j}", size=(1 << 20) + rnd.randrange(1 << 20))
+                works.append(w)
+            results: list = [None] * 3
+
+            def push(j: int) -> None:
+                results[j] = run("push", f"{c.nodes[2].url}/k.git", f"HEAD:refs/heads/r{rnd_i}w{j}",
+                                 cwd=str(works[j]))
+            threads = [threading.Thread(target=push, args=(j,)) for j in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(rnd.uniform(0.05, 0.6))
+            _kill_tree(c.nodes[2].proc.pid)
+            for t in threads:
+                t.join(timeout=200)
+            for j, r in enumerate(results):
+                if r.returncode == 0:
+                    acked[f"refs/heads/r{rnd_i}w{j}"] = h.out("rev-parse", "HEAD", cwd=str(works[j]))
+            c.restart(2)
+    finally:
+        stop.set()
+        loader.join(timeout=200)
+    assert not load_errors, load_errors[:3]
+    for i, n in enumerate(c.nodes):
+        refs = node_refs(n, "k.git")
+        assert {k: refs.get(k) for k in acked} == acked
+        assert _aspen(c, i, "verify", str(n.root / "k.git")).returncode == 0
+        check_clone(f"{n.url}/k.git", tmp_path / f"after{i}", refs)
+
+
+@pytest.mark.parametrize("point", ["after-intake", "refs-locked", "store-committed"])
+def test_a_node_killed_at_each_step_of_a_push_leaves_every_node_on_the_log(cluster, tmp_path, point):
+    """The push's worker on node 2 kills itself (SIGKILL) with its pack in
+    the pack store and nothing committed (after-intake), with the disk's
+    ref locked (refs-locked), or with the version committed in the log and
+    the node's own disk not yet written (store-committed). curl sends the
+    request again on a fresh connection when a kept-alive one dies before
+    any answer, and the new worker runs clean: the second attempt may
+    land (then the client is told so), except after store-committed, where
+    the log already moved the ref and the attempt is refused by its
+    compare-and-swap. Afterwards every node, node 2 included, shows the
+    log: the ref moved exactly when the log has one version of it."""
+    c = cluster
+    name = f"f-{point}.git"
+    new_repo(c, name, tmp_path)
+    work = tmp_path / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/{name}", str(work)).returncode == 0
+    tip = commit(work, point)
+    once = tmp_path / "once"
+    once.write_text("")
+    c.restart(2, ASPEN_FAULT=point, ASPEN_FAULT_ONCE=str(once))
+    try:
+        r = run("push", f"{c.nodes[2].url}/{name}", "HEAD:main", cwd=str(work))
+        assert not once.exists()                # the worker was killed at POINT
+        assert "was sent SIGKILL" in c.nodes[2].log_text()
+    finally:
+        c.restart(2)
+    assert not re.search(r"Traceback|internal error", r.stderr), r.stderr
+    views = [node_refs(n, name) for n in c.nodes]
+    assert views[1] == views[0] and views[2] == views[0]
+    moved = views[0]["refs/heads/main"] == tip
+    if point == "store-committed":
+        assert moved and r.returncode != 0
+    else:
+        assert moved == (r.returncode == 0)
+    assert _log_refs(c, 0, name) == ["import"] + (["refs/heads/main"] if moved else [])
+    assert _aspen(c, 2, "verify", str(c.nodes[2].root / name)).returncode == 0
+    r = run("push", f"{c.nodes[2].url}/{name}", "HEAD:main", cwd=str(work))
+    assert r.returncode == 0, r.stderr
+    for j, n in enumerate(c.nodes):
+        check_clone(f"{n.url}/{name}", tmp_path / f"m{j}", views[0] | {"refs/heads/main": tip})
+
+
+def test_postgresql_away_fetches_are_served_pushes_fail_cleanly_then_land(cluster, tmp_path):
+    c = cluster
+    new_repo(c, "p.git", tmp_path)
+    work = tmp_path / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/p.git", str(work)).returncode == 0
+    before = node_refs(c.nodes[1], "p.git")
+    assert all(node_refs(n, "p.git") == before for n in c.nodes)   # every node has its copy
+    c.pg.stop("fast")
+    try:
+        t0 = time.monotonic()
+        commit(work, "during")
+        r = run("push", f"{c.nodes[1].url}/p.git", "HEAD:main", cwd=str(work))
+        took = time.monotonic() - t0
+        assert r.returncode != 0
+        assert not re.search(r"Traceback|HTTP 5\d\d", r.stderr), r.stderr
+        assert took < float(STORE_WAIT) + 30
+        while time.monotonic() - t0 < 10:                 # 10 s away: every node still answers
+            for j, n in enumerate(c.nodes):
+                assert node_refs(n, "p.git") == before
+        for j, n in enumerate(c.nodes):
+            check_clone(f"{n.url}/p.git", tmp_path / f"away{j}", before)
+    finally:
+        c.pg.up()
+    tip = h.out("rev-parse", "HEAD", cwd=str(work))
+    deadline = time.monotonic() + 60
+    while True:
+        r = run("push", f"{c.nodes[1].url}/p.git", "HEAD:main", cwd=str(work))
+        if r.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert r.returncode == 0, r.stderr
+    for n in c.nodes:
+        assert node_refs(n, "p.git")["refs/heads/main"] == tip
+    assert "refused" in c.nodes[1].log_text()
+    assert "Traceback" not in c.nodes[1].log_text()
+
+
+def test_a_lost_repository_directory_is_rebuilt_by_replica_sync(cluster, tmp_path):
+    c = cluster
+    new_repo(c, "l.git", tmp_path)
+    work = tmp_path / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/l.git", str(work)).returncode == 0
+    for i in range(3):
+        commit(work, f"l{i}")
+        assert run("push", f"{c.nodes[0].url}/l.git", f"HEAD:refs/heads/l{i}", cwd=str(work)).returncode == 0
+    want = node_refs(c.nodes[0], "l.git")
+    gone = c.nodes[1].root / "l.git"
+    assert run("ls-remote", f"{c.nodes[1].url}/l.git").returncode == 0
+    shutil.rmtree(gone)
+    r = _aspen(c, 1, "replica", "sync", str(gone))
+    assert r.returncode == 0, r.stderr
+    assert "version 0 ->" in r.stdout
+    assert h.refs_of(str(gone)) == want
+    h.fsck_strict(str(gone))
+    assert node_refs(c.nodes[1], "l.git") == want
+    check_clone(f"{c.nodes[1].url}/l.git", tmp_path / "m", want)
+
+
+def test_a_new_empty_node_is_correct_at_its_first_answer(cluster, tmp_path):
+    c = cluster
+    new_repo(c, "n.git", tmp_path)
+    work = tmp_path / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/n.git", str(work)).returncode == 0
+    commit(work, "n1")
+    assert run("push", f"{c.nodes[0].url}/n.git", "HEAD:main", cwd=str(work)).returncode == 0
+    want = node_refs(c.nodes[0], "n.git")
+    node = c.add_node(c.base / "node-new")
+    assert not (node.root / "n.git").exists()
+    check_clone(f"{node.url}/n.git", tmp_path / "first", want)          # its very first request
+    head = run("ls-remote", "--symref", f"{node.url}/n.git", "HEAD")
+    assert "ref: refs/heads/main\tHEAD" in head.stdout
+    r = run("ls-remote", f"{node.url}/never.git")
+    assert r.returncode != 0 and not (node.root / "never.git").exists()
