@@ -176,6 +176,18 @@ def _cmd_db(args: argparse.Namespace) -> int:
     if not url:
         print("aspen db: no database: give its URL or set ASPEN_REFSTORE_URL", file=sys.stderr)
         return 2
+    if args.action == "drop":
+        if not args.repo:
+            print("aspen db drop: name the store's repository with --repo (as `aspen db list` shows it)",
+                  file=sys.stderr)
+            return 2
+        try:
+            gone = refstore.drop_database_store(url, args.repo)
+        except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]
+            print(f"aspen db drop: {e}", file=sys.stderr)
+            return 1
+        print(f"aspen db drop: {'dropped' if gone else 'no store of'} {args.repo}")
+        return 0 if gone else 1
     try:
         stores = refstore.database_stores(url, init=args.action == "init")
     except refstore.db.Error as e:      # type: ignore[misc]
@@ -817,11 +829,15 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--json", action="store_true", help="print them as JSON")
     res.set_defaults(func=_cmd_resident)
 
-    dbp = sub.add_parser("db", help="the PostgreSQL database of ref stores (ASPEN_REFSTORE_URL): init, list",
+    dbp = sub.add_parser("db", help="the PostgreSQL database of ref stores (ASPEN_REFSTORE_URL): init, list, drop",
                          description="init: make the database's list of stores (each repository's store, a "
                                      "schema of its own, is made on its first request); list: every store in "
-                                     "it, with the repository it is known by (docs/cluster.md).")
-    dbp.add_argument("action", choices=("init", "list"), help="init: make the list of stores; list: show them")
+                                     "it, with the repository it is known by; drop: remove the store of the "
+                                     "repository --repo names, e.g. before a cluster's repository is replaced "
+                                     "by a new one at the same path (docs/cluster.md).")
+    dbp.add_argument("action", choices=("init", "list", "drop"),
+                     help="init: make the list of stores; list: show them; drop: remove one (--repo)")
+    dbp.add_argument("--repo", help="drop: the repository the store is known by (as `list` shows it)")
     dbp.add_argument("url", nargs="?", help="the database's postgresql:// URL (default: ASPEN_REFSTORE_URL)")
     dbp.add_argument("--json", action="store_true", help="print the stores as JSON")
     dbp.set_defaults(func=_cmd_db)

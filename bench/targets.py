@@ -63,7 +63,9 @@ from .model import TargetInfo
 from .proxy import CountingProxy
 
 PROJECT = Path(__file__).resolve().parent.parent
-BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-apache", "aspen-apache", "aspen-modwsgi")
+BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-apache", "aspen-apache", "aspen-modwsgi",
+           "aspen-cluster1", "aspen-cluster3")
+CLUSTER_TARGETS = {"aspen-cluster1": 1, "aspen-cluster3": 3}    # bench/cluster.py: nodes behind nginx
 APACHE_TARGETS = ("stock-apache", "aspen-apache", "aspen-modwsgi")
 APACHE_PATHS = {"stock-apache": "/stock", "aspen-apache": "/aspen", "aspen-modwsgi": "/git"}
 ASPEN_TARGETS = ("aspen", "aspen-packs", "aspen-git")     # gunicorn serving Aspen
@@ -397,6 +399,8 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         proxy.start()
         info = TargetInfo(name=name, url=_with_netloc(url, "127.0.0.1", proxy.port), root=None, pids=[])
         return Target(info, proxy)
+    if name in CLUSTER_TARGETS:
+        return _cluster_target(name, root, workdir, workers, threads, env, timeout)
     if name in APACHE_TARGETS and apache_binary() is None:
         raise TargetUnavailable(f"{name}: apache2 is not installed (apt-get install apache2); skipped")
     if name == "aspen-modwsgi" and not MOD_WSGI.exists():
@@ -458,6 +462,36 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
                       plan_log=log if name in ASPEN_TARGETS + ("aspen-apache", "aspen-modwsgi") else None,
                       version_packs=name in PACK_TARGETS)
     return Target(info, proxy, proc, log, scratch=scratch)
+
+
+@dataclass
+class ClusterTarget(Target):
+    stack: object = None
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        if self.stack is not None:
+            self.stack.stop()      # type: ignore[attr-defined]
+
+
+def _cluster_target(name: str, root: Optional[Path], workdir: Path, workers: int, threads: int,
+                    env: Optional[dict], timeout: float) -> Target:
+    """N Aspen nodes (own roots, one PostgreSQL, one pack store) behind nginx/aspen-cluster.conf."""
+    from . import cluster
+    if not os.path.exists(cluster.NGINX):
+        raise TargetUnavailable(f"{name}: nginx is not installed (apt-get install nginx); skipped")
+    tdir = Path(workdir) / name
+    stack = cluster.ClusterStack(tdir, CLUSTER_TARGETS[name], root, {"ASPEN_CACHE": "off", **(env or {})},
+                                 workers=workers, threads=threads, timeout=timeout)
+    try:
+        proxy = CountingProxy("127.0.0.1", stack.port, name).start()
+    except BaseException:
+        stack.stop()
+        raise
+    url = proxy.url.replace("://", f"://{cluster.USER}:{cluster.PASSWORD}@", 1)
+    first = stack.nodes[0]
+    info = TargetInfo(name=name, url=url, root=first[3], pids=stack.pids, plan_log=first[2], version_packs=False)
+    return ClusterTarget(info, proxy, None, first[2], stack=stack)
 
 
 class ResidentPids:

@@ -455,3 +455,22 @@ def test_a_new_empty_node_is_correct_at_its_first_answer(cluster, tmp_path):
     assert "ref: refs/heads/main\tHEAD" in head.stdout
     r = run("ls-remote", f"{node.url}/never.git")
     assert r.returncode != 0 and not (node.root / "never.git").exists()
+
+
+def test_db_drop_removes_a_store_and_the_next_request_starts_a_new_log(cluster, tmp_path):
+    c = cluster
+    new_repo(c, "d.git", tmp_path)
+    work = tmp_path / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/d.git", str(work)).returncode == 0
+    commit(work, "d1")
+    assert run("push", f"{c.nodes[0].url}/d.git", "HEAD:main", cwd=str(work)).returncode == 0
+    assert "c:d.git" in _aspen(c, 0, "db", "list").stdout
+    assert _log_refs(c, 0, "d.git") == ["import", "refs/heads/main"]
+    r = _aspen(c, 0, "db", "drop", "--repo", "c:d.git")
+    assert r.returncode == 0 and "dropped c:d.git" in r.stdout, r.stderr
+    assert "c:d.git" not in _aspen(c, 0, "db", "list").stdout
+    assert _aspen(c, 0, "db", "drop", "--repo", "c:d.git").returncode == 1
+    want = node_refs(c.nodes[0], "d.git")                  # node 0's copy is the new log's import
+    assert _log_refs(c, 0, "d.git") == ["import"]
+    for j, n in enumerate(c.nodes):
+        check_clone(f"{n.url}/d.git", tmp_path / f"m{j}", want)

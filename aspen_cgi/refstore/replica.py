@@ -67,20 +67,21 @@ def init_bare(path: str, env: Mapping[str, str]) -> bool:
     return res.returncode == 0
 
 
-def applied(state_dir: str) -> int:
-    """The version this node's disk was last brought to (0: never)."""
+def applied(state_dir: str, token: str) -> int:
+    """The version of the store made as TOKEN that this node's disk was last
+    brought to (0: never, or a store since dropped and made anew)."""
     try:
         with open(os.path.join(state_dir, MARK), "rb") as f:
-            text = f.read().strip()
-        return int(text) if text.isdigit() else 0
+            version, _, made = f.read().decode("ascii", "replace").strip().partition(" ")
+        return int(version) if version.isdigit() and made == token else 0
     except OSError:
         return 0
 
 
-def set_applied(state_dir: str, version: int) -> None:
+def set_applied(state_dir: str, version: int, token: str) -> None:
     tmp = os.path.join(state_dir, f"{MARK}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        f.write(f"{version}\n")
+        f.write(f"{version} {token}\n")
     os.replace(tmp, os.path.join(state_dir, MARK))
 
 
@@ -106,18 +107,20 @@ def locked(state_dir: str, wait: float) -> Iterator[None]:
         os.close(fd)
 
 
-def catch_up(store: "RefStore", root: str, latest: int, progress: Optional[Callable[[int, int], None]] = None) -> int:
-    """Bring this node's disk to the log (at least to LATEST); the version it is at."""
+def catch_up(store: "RefStore", root: str, latest: int, token: str,
+             progress: Optional[Callable[[int, int], None]] = None) -> int:
+    """Bring this node's disk to the log of the store made as TOKEN (at least
+    to LATEST); the version it is at."""
     sdir = os.path.dirname(store.path)
-    if applied(sdir) >= latest:
+    if applied(sdir, token) >= latest:
         return latest
     with locked(sdir, LOCK_WAIT):
-        return _apply(store, pack_store(store, root), sdir, progress)
+        return _apply(store, pack_store(store, root), sdir, token, progress)
 
 
-def _apply(store: "RefStore", packs: PackStore, sdir: str,
+def _apply(store: "RefStore", packs: PackStore, sdir: str, token: str,
            progress: Optional[Callable[[int, int], None]]) -> int:
-    have = applied(sdir)
+    have = applied(sdir, token)
     conn = store.conn
     with db.reading(conn):
         through = db.latest_version(conn)
@@ -138,7 +141,7 @@ def _apply(store: "RefStore", packs: PackStore, sdir: str,
         if progress is not None:
             progress(i + 1, len(todo))
     _write_refs(gitdir, env, rows, head)
-    set_applied(sdir, through)
+    set_applied(sdir, through, token)
     return through
 
 

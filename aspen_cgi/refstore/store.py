@@ -41,7 +41,7 @@ LOCK_GRACE = 0.5   # seconds a dead writer's git child gets to drop its own lock
 SENT_PREFIX = "sent-"  # packs/sent-<push id>.pack: the pack a push's client sent, until its version is built
 
 _local = threading.local()
-_snapshots: dict[str, tuple[tuple[int, int], list[StoredRef]]] = {}
+_snapshots: dict[str, tuple[tuple, list[StoredRef]]] = {}
 _views: dict[tuple, tuple[list[StoredRef], refs_mod.RefSnapshot]] = {}
 _inflight: set[tuple[str, int]] = set()
 _lock = threading.Lock()
@@ -174,6 +174,14 @@ def database_stores(url: str, init: bool = False) -> list[tuple[str, str, int]]:
     if init:
         db.retry(lambda: db.pg_init(conn))
     return db.retry(lambda: db.pg_stores(conn))
+
+
+def drop_database_store(url: str, repo: str) -> bool:
+    """Remove the store of the repository known as REPO (`aspen db drop`); False: there was none."""
+    conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
+    gone = db.retry(lambda: db.pg_drop(conn, repo))
+    forget_pg_stores()
+    return gone
 
 
 PG_RECORD = "aspen.pg"     # in a repository's state: the name and token of its store in PostgreSQL
@@ -335,14 +343,36 @@ class RefStore:
         """Bring the store up to the refs on disk; the latest version id. BY
         says whose the changes found are (a push's proc-receive hook wrote
         them); without it they are an `external` version."""
-        self.version = self._sync(by)
+        try:
+            self.version = self._sync(by)
+        except db.pgconn.StoreError as e:
+            if "UndefinedTable" not in str(e) and "InvalidSchemaName" not in str(e):
+                raise
+            # dropped by another process (`aspen db drop`): this thread's connection is looked up again
+            self._reconnect()
+            self.version = self._sync(by)
         return self.version
+
+    def _reconnect(self) -> None:
+        conns = getattr(_local, "pg", None)
+        if conns is not None:
+            conns.pop(self.path, None)
+        s = settings.of(self.env)
+        conn = db.retry(lambda: _pg_connection(s.refstore_url, self.path, self.gitdir, self.env, s.refstore_pool,
+                                               True))
+        if conn is None:
+            raise db.pgconn.StoreError("the store was dropped")
+        self.conn = conn
 
     @property
     def replica_root(self) -> Optional[str]:
         """The pack store's root when this node is a replica of the log, else None."""
         s = settings.of(self.env)
         return s.pack_store if replica_mode(s) else None
+
+    def _made(self) -> str:
+        """The token of the making of this PostgreSQL store, as the state records it."""
+        return read_record(self.path)[1]
 
     def catch_up(self, progress: Optional[Callable[[int, int], None]] = None) -> tuple[int, int]:
         """A replica brought to the log now (`aspen replica sync`): (the version
@@ -351,9 +381,9 @@ class RefStore:
         root = self.replica_root
         if root is None:
             raise OSError("this node is no replica: set ASPEN_REFSTORE_URL and ASPEN_PACK_STORE")
-        before = replica.applied(os.path.dirname(self.path))
+        before = replica.applied(os.path.dirname(self.path), self._made())
         latest = db.head(self.conn)[0] or self._import()
-        self.version = replica.catch_up(self, root, latest, progress)
+        self.version = replica.catch_up(self, root, latest, self._made(), progress)
         return before, self.version
 
     def _sync(self, by: Optional[VersionMeta] = None) -> int:
@@ -362,7 +392,7 @@ class RefStore:
         root = self.replica_root
         if root is not None:
             # the log is the truth and the disk follows it: never an external version
-            return replica.catch_up(self, root, latest or self._import())
+            return replica.catch_up(self, root, latest or self._import(), self._made())
         if latest == 0:
             return self._import()
         if pending:
@@ -400,7 +430,7 @@ class RefStore:
             return v
         v = db.write(self.conn, tx)
         if root is not None and self.imported:
-            replica.set_applied(os.path.dirname(self.path), v)
+            replica.set_applied(os.path.dirname(self.path), v, self._made())
         return v
 
     def _pending_refs(self, conn: db.Conn) -> set[str]:
@@ -524,7 +554,8 @@ class RefStore:
 
     def _stored_rows(self) -> list[StoredRef]:
         latest, _, pending = db.head(self.conn)
-        key = (latest, pending)
+        made = _file_id(self.path)        # a store dropped and made anew counts its versions from 1 again
+        key = (latest, pending, made)
         with _lock:
             hit = _snapshots.get(self.path)
         if hit is not None and hit[0] == key:
@@ -533,7 +564,7 @@ class RefStore:
             latest, _, pending = db.head(conn)
             rows = db.all_refs(conn)
         with _lock:
-            _snapshots[self.path] = ((latest, pending), rows)
+            _snapshots[self.path] = ((latest, pending, made), rows)
         return rows
 
     def snapshot(self, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
@@ -671,7 +702,8 @@ class RefStore:
         already in the pack store (META.packs)."""
         sdir = os.path.dirname(self.path)
         with replica.locked(sdir, settings.of(self.env).store_wait):
-            before = replica.applied(sdir)
+            made = self._made()
+            before = replica.applied(sdir, made)
             tx = diskrefs.UpdateRef(self.gitdir, self.env)
             try:
                 err = tx.prepare([RefChange(c.ref, None, c.new, c.ff, c.otype, c.peeled) for c in changes])
@@ -688,7 +720,7 @@ class RefStore:
                     return got
                 fault("store-committed", self.env)
                 if tx.commit() is None and before == got - 1:
-                    replica.set_applied(sdir, got)
+                    replica.set_applied(sdir, got, made)
                 # else the disk lags the log: the next request's catch-up writes the refs
                 return None
             finally:

@@ -1,0 +1,268 @@
+"""Aspen as a cluster (docs/cluster.md): the stack the bench's cluster
+targets run, and the catch-up measurement.
+
+A ClusterStack is a PostgreSQL of its own (tests/pgserver.py: initdb into a
+temporary directory, `pg_ctl start` on loopback), a pack store directory, N
+gunicorn nodes each over its own repository root (the first holds the
+copy of the bench's repositories, the others start empty and make their
+copies from the log at their first request), and nginx in front with the
+shipped nginx/aspen-cluster.conf, its placeholders filled in.
+
+The targets `aspen-cluster1` and `aspen-cluster3` (bench/targets.py) are
+such a stack of 1 and 3 nodes behind the bench's counting proxy, so every
+workload runs against them (`--targets aspen-cluster1,aspen-cluster3,stock`).
+Their pids are every node's, so server CPU is the nodes' together.
+
+    python -m bench.cluster catchup [--lags 10,100,1000] [--json]
+
+measures how long a node that is LAG versions behind takes to answer its
+first request (an `ls-remote` through it), for each lag: node B answers
+once (it has its copy), B is stopped, LAG pushes of one commit each go
+through node A, B is started again and asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import grp
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+PROJECT = Path(__file__).resolve().parent.parent
+CONF = PROJECT / "nginx" / "aspen-cluster.conf"
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+USER, PASSWORD = "bench", "bench"
+
+
+def server_block(listen: str, nodes: list[str], htpasswd: str) -> str:
+    """nginx/aspen-cluster.conf with its placeholders filled in (NODES: HOST:PORT each)."""
+    text = CONF.read_text()
+    lines = " ".join(f"server {n} max_fails=1 fail_timeout=5s;" for n in nodes)
+    for k, v in {"@LISTEN@": listen, "@NODES@": lines, "@HTPASSWD@": htpasswd}.items():
+        if k not in text:
+            raise RuntimeError(f"{CONF}: no {k}")
+        text = text.replace(k, v)
+    if re.search(r"@[A-Z_]+@", text):
+        raise RuntimeError(f"{CONF}: a placeholder left")
+    return text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_nginx(nodes: list[str], user: str = USER, password: str = PASSWORD) -> tuple[subprocess.Popen, int, Path]:
+    """nginx over NODES (HOST:PORT each) on a free loopback port: (process, port, its directory)."""
+    b = Path(tempfile.mkdtemp(prefix="aspen-cluster-nginx-"))
+    b.chmod(0o755)       # its workers (nobody when started as root) read htpasswd
+    htpasswd = b / "htpasswd"
+    htpasswd.write_text(f"{user}:{{SHA}}{base64.b64encode(hashlib.sha1(password.encode()).digest()).decode()}\n")
+    htpasswd.chmod(0o644)
+    for _ in range(5):
+        port = _free_port()
+        (b / "cluster.conf").write_text(server_block(f"127.0.0.1:{port}", nodes, str(htpasswd)))
+        who = ""
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("nobody")
+            who = f"user {pw.pw_name} {grp.getgrgid(pw.pw_gid).gr_name};\n"
+        (b / "nginx.conf").write_text(
+            f"{who}worker_processes 1;\npid {b}/nginx.pid;\nerror_log {b}/error.log info;\n"
+            f"events {{ worker_connections 4096; }}\nhttp {{\n    access_log {b}/access.log;\n"
+            f"    client_body_temp_path {b}/body;\n    proxy_temp_path {b}/proxy;\n"
+            f"    fastcgi_temp_path {b}/fastcgi;\n    uwsgi_temp_path {b}/uwsgi;\n"
+            f"    scgi_temp_path {b}/scgi;\n    include {b}/cluster.conf;\n}}\n")
+        proc = subprocess.Popen([NGINX, "-p", str(b), "-c", str(b / "nginx.conf"), "-e", str(b / "error.log"),
+                                 "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.time() + 15
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return proc, port, b
+            except OSError:
+                time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0].decode(errors="replace")
+        if "Address already in use" not in output:
+            raise RuntimeError(f"nginx did not start:\n{output}")
+    raise RuntimeError("nginx: no free port after 5 attempts")
+
+
+class ClusterStack:
+    """PostgreSQL, a pack store, N gunicorn nodes (own roots) and nginx, under WORKDIR."""
+
+    def __init__(self, workdir: Path, n: int, root: Optional[Path], env: Optional[dict] = None,
+                 workers: int = 2, threads: int = 16, timeout: float = 60.0):
+        sys.path.insert(0, str(PROJECT))
+        from tests import pgserver        # the tests' PostgreSQL starter: initdb, pg_ctl, as postgres when root
+        from .targets import _gunicorn, copy_root
+        self._pgserver = pgserver
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.pg = pgserver.private()
+        self.nodes: list[tuple[subprocess.Popen, int, Path, Path]] = []     # (proc, port, log, root)
+        self.nginx: Optional[subprocess.Popen] = None
+        try:
+            self.url = self.pg.create_database("cluster")
+            self.packs = self.workdir / "packstore"
+            self.packs.mkdir(exist_ok=True)
+            self.env = {"ASPEN_REFSTORE_URL": self.url, "ASPEN_PACK_STORE": str(self.packs), "ASPEN_CLUSTER": "bench",
+                        "ASPEN_REMOTE_USER_HEADER": "X-Remote-User", "ASPEN_ACCESS_LOG": "1",
+                        "ASPEN_RUN_DIR": str(self.workdir / "run"), **(env or {})}
+            self._gunicorn = _gunicorn
+            self.opts = (workers, threads, timeout)
+            for i in range(n):
+                node_root = self.workdir / f"node{i}" / "repos"
+                if i == 0 and root is not None:
+                    copy_root(Path(root), node_root)
+                else:
+                    node_root.mkdir(parents=True, exist_ok=True)
+                self.nodes.append(self._start_node(i, node_root))
+            self.nginx, self.port, self.nginx_dir = start_nginx([f"127.0.0.1:{p}" for _, p, _, _ in self.nodes])
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_node(self, i: int, node_root: Path) -> tuple[subprocess.Popen, int, Path, Path]:
+        workers, threads, timeout = self.opts
+        node_dir = self.workdir / f"node{i}"
+        proc, port, log = self._gunicorn(f"node{i}", "aspen_cgi.wsgi:application", node_root, node_dir,
+                                         dict(self.env, ASPEN_RUN_DIR=str(node_dir / "run")), workers, threads,
+                                         timeout, unset=("ASPEN_VERSION_PACKS",))
+        return proc, port, log, node_root
+
+    def stop_node(self, i: int) -> None:
+        from .targets import _terminate
+        _terminate(self.nodes[i][0])
+
+    def start_node(self, i: int) -> None:
+        self.nodes[i] = self._start_node(i, self.nodes[i][3])
+
+    def node_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.nodes[i][1]}"
+
+    @property
+    def front(self) -> str:
+        return f"http://{USER}:{PASSWORD}@127.0.0.1:{self.port}"
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p, _, _, _ in self.nodes]
+
+    def stop(self) -> None:
+        from .targets import _terminate
+        if self.nginx is not None and self.nginx.poll() is None:
+            self.nginx.terminate()
+            try:
+                self.nginx.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.nginx.kill()
+        for proc, _, _, _ in self.nodes:
+            _terminate(proc)
+        self._pgserver.remove(self.pg)
+
+
+# -- catch-up ----------------------------------------------------------------------------------
+
+GIT_ENV = dict(os.environ, GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@b", GIT_COMMITTER_NAME="b",
+               GIT_COMMITTER_EMAIL="b@b", GIT_TERMINAL_PROMPT="0")
+
+
+def _git(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True)
+
+
+def catchup(lags: list[int], workdir: Path, progress=None) -> list[dict]:
+    """For each lag: ms for node 1's first answer after LAG pushes through node 0."""
+    from . import repogen
+    src = workdir / "src"
+    src.mkdir(parents=True)
+    repogen.generate(repogen.PRESETS["tiny"], src / "bench.git")
+    stack = ClusterStack(workdir / "stack", 2, src, workers=1, threads=4)
+    out = []
+    try:
+        url0, url1 = stack.node_url(0) + "/bench.git", stack.node_url(1) + "/bench.git"
+        work = workdir / "work"
+        _git("clone", "-q", url0, str(work))
+        branch = _git("symbolic-ref", "--short", "HEAD", cwd=work).stdout.decode().strip()
+        done = 0
+        for lag in lags:
+            _git("ls-remote", url1)                 # node 1 has its copy, at the log's latest version
+            stack.stop_node(1)
+            for k in range(lag):
+                (work / "lag.txt").write_text(f"{lag} {k}\n")
+                _git("add", "lag.txt", cwd=work)
+                _git("commit", "-q", "-m", f"lag {lag} {k}", cwd=work)
+                _git("push", "-q", url0, f"HEAD:{branch}", cwd=work)
+                done += 1
+                if progress:
+                    progress(done, sum(lags), f"lag {lag}")
+            stack.start_node(1)
+            url1 = stack.node_url(1) + "/bench.git"
+            t0 = time.monotonic()
+            r = _git("ls-remote", url1)
+            ms = (time.monotonic() - t0) * 1000
+            tip = _git("rev-parse", "HEAD", cwd=work).stdout.decode().strip()
+            ok = f"{tip}\trefs/heads/{branch}" in r.stdout.decode()
+            t1 = time.monotonic()
+            _git("ls-remote", url1)
+            again = (time.monotonic() - t1) * 1000
+            out.append({"lag": lag, "first_answer_ms": round(ms, 1), "caught_up": ok,
+                        "next_answer_ms": round(again, 1),
+                        "per_version_ms": round(ms / lag, 2) if lag else None})
+    finally:
+        stack.stop()
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.cluster",
+                                description="Aspen as a cluster: how long a node LAG versions behind takes "
+                                            "to answer its first request (catch-up), for each lag.")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("catchup", help="a node's first answer after LAG pushes through another node",
+                       description="Two nodes over one PostgreSQL and pack store (tiny preset). For each lag: "
+                                   "node 1 answers once, is stopped, LAG pushes of one commit go through node "
+                                   "0, node 1 is started and asked (ls-remote): that answer's wall time.")
+    c.add_argument("--lags", default="0,10,100,1000",
+                   help="comma-separated lags (default %(default)s; 0: the restarted node's first answer alone)")
+    c.add_argument("--json", action="store_true", help="one JSON line per lag")
+    args = p.parse_args(argv)
+    from .progress import Progress
+    lags = [int(x) for x in args.lags.split(",") if x]
+    workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-cluster-"))
+    try:
+        bar = Progress(sum(lags), "catch-up")
+        rows = catchup(lags, workdir, bar.update)
+        bar.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+    else:
+        print("| lag (versions) | first answer | per version | next answer | caught up |")
+        print("|---:|---:|---:|---:|:---|")
+        for r in rows:
+            per = "-" if r["per_version_ms"] is None else f"{r['per_version_ms']:.1f} ms"
+            print(f"| {r['lag']} | {r['first_answer_ms']:.0f} ms | {per} "
+                  f"| {r['next_answer_ms']:.0f} ms | {'yes' if r['caught_up'] else 'NO'} |")
+    return 0 if all(r["caught_up"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
