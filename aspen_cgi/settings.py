@@ -279,6 +279,8 @@ def parse(values) -> Settings:
                 problems.append((row[0], raw, accepted(row).replace("`", "")))
                 continue
         setattr(s, row[1], value)
+    if not problems and s.pack_store and not s.refstore_url:
+        problems.append(("ASPEN_PACK_STORE", s.pack_store, "a pack store with ASPEN_REFSTORE_URL set as well"))
     if problems:
         raise SettingsError(problems)
     return s

@@ -1,31 +1,28 @@
 """Aspen as a cluster (docs/cluster.md, issue 20): a real PostgreSQL of the
 module's own (it is stopped and started here), a pack store directory, 3
 gunicorn nodes each over its own repository root, and nginx in front with
-nginx/aspen-cluster.conf, its placeholders filled in. Real git clients
+nginx/aspen-cluster.conf, its placeholders filled in (bench/cluster.py's
+start_nginx, which the bench's cluster targets use too). Real git clients
 push through one node and fetch through the others; a node is killed with
 kill -9 in the middle of pushes; PostgreSQL goes away for 10 s; a node
 loses a repository's directory; a new, empty node joins."""
 
 from __future__ import annotations
 
-import base64
-import grp
-import hashlib
 import os
-import pwd
 import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from bench import cluster as cluster_bench
 
 from . import harness as h
 from . import pgserver
@@ -34,25 +31,9 @@ pytestmark = [pytest.mark.timeout(600),
               pytest.mark.aspen_store_unchecked("each node's copies are verified here, with the cluster's settings")]
 
 REPO_DIR = Path(__file__).resolve().parent.parent
-CONF = REPO_DIR / "nginx" / "aspen-cluster.conf"
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+NGINX = cluster_bench.NGINX
 USER, PASSWORD = "alice", "s3cret-pw"
 STORE_WAIT = "3"
-
-
-def _nobody() -> tuple[str, str]:
-    pw = pwd.getpwnam("nobody")
-    return pw.pw_name, grp.getgrgid(pw.pw_gid).gr_name
-
-
-def server_block(listen: str, nodes: list[str], htpasswd: str) -> str:
-    text = CONF.read_text()
-    lines = " ".join(f"server {n} max_fails=1 fail_timeout=5s;" for n in nodes)
-    for k, v in {"@LISTEN@": listen, "@NODES@": lines, "@HTPASSWD@": htpasswd}.items():
-        assert k in text, k
-        text = text.replace(k, v)
-    assert not re.search(r"@[A-Z_]+@", text)
-    return text
 
 
 class Cluster:
@@ -84,39 +65,7 @@ class Cluster:
         return self.nodes[i]
 
     def start_nginx(self, nodes: list[h.Server]) -> None:
-        b = Path(tempfile.mkdtemp(prefix="aspen-cluster-nginx-"))
-        b.chmod(0o755)
-        self.nginx_dir = b
-        htpasswd = b / "htpasswd"
-        htpasswd.write_text(f"{USER}:{{SHA}}{base64.b64encode(hashlib.sha1(PASSWORD.encode()).digest()).decode()}\n")
-        htpasswd.chmod(0o644)
-        for _ in range(5):
-            self.port = h.free_port()
-            (b / "cluster.conf").write_text(server_block(f"127.0.0.1:{self.port}",
-                                                         [f"127.0.0.1:{n.port}" for n in nodes], str(htpasswd)))
-            user = "user {} {};\n".format(*_nobody()) if os.geteuid() == 0 else ""
-            (b / "nginx.conf").write_text(
-                f"{user}worker_processes 1;\npid {b}/nginx.pid;\nerror_log {b}/error.log info;\n"
-                f"events {{}}\nhttp {{\n    access_log {b}/access.log;\n"
-                f"    client_body_temp_path {b}/body;\n    proxy_temp_path {b}/proxy;\n"
-                f"    fastcgi_temp_path {b}/fastcgi;\n    uwsgi_temp_path {b}/uwsgi;\n"
-                f"    scgi_temp_path {b}/scgi;\n    include {b}/cluster.conf;\n}}\n")
-            self.nginx = subprocess.Popen([NGINX, "-p", str(b), "-c", str(b / "nginx.conf"), "-e",
-                                           str(b / "error.log"), "-g", "daemon off;"],
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            deadline = time.time() + 15
-            while time.time() < deadline and self.nginx.poll() is None:
-                try:
-                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                    return
-                except OSError:
-                    time.sleep(0.05)
-            if self.nginx.poll() is None:
-                self.nginx.kill()
-            output = self.nginx.communicate()[0].decode(errors="replace")
-            if "Address already in use" not in output:
-                raise AssertionError(f"nginx did not start:\n{output}")
-        raise AssertionError("nginx: no free port")
+        self.nginx, self.port, _ = cluster_bench.start_nginx([f"127.0.0.1:{n.port}" for n in nodes], USER, PASSWORD)
 
     def front(self, repo: str, auth: bool = False) -> str:
         cred = f"{USER}:{PASSWORD}@" if auth else ""

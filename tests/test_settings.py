@@ -142,6 +142,17 @@ def test_every_bad_value_is_named_at_once():
     assert [p[0] for p in e.value.problems] == ["ASPEN_METRICS", "ASPEN_STORE_WAIT", "ASPEN_QUEUE_WAIT"]
 
 
+def test_a_pack_store_without_a_database_is_an_error(monkeypatch):
+    """A cluster's node needs both: the log (ASPEN_REFSTORE_URL) and the packs (ASPEN_PACK_STORE)."""
+    monkeypatch.delenv("ASPEN_REFSTORE_URL", raising=False)
+    with pytest.raises(settings.SettingsError) as e:
+        settings.of({"ASPEN_PACK_STORE": "/srv/packs"})
+    assert e.value.problems[0][:2] == ("ASPEN_PACK_STORE", "/srv/packs")
+    assert "ASPEN_REFSTORE_URL" in str(e.value)
+    s = settings.of({"ASPEN_PACK_STORE": "/srv/packs", "ASPEN_REFSTORE_URL": "postgresql://aspen@db/aspen"})
+    assert s.pack_store == "/srv/packs"
+
+
 def test_an_unknown_aspen_name_is_ignored():
     assert settings.of({"ASPEN_TEST_KEY": "anything"}).metrics is False
 
