@@ -112,6 +112,14 @@ def new_repo(c: Cluster, name: str, tmp: Path) -> Path:
     return repo
 
 
+def new_work(c: Cluster, name: str, tmp: Path) -> Path:
+    """new_repo(), and a work tree cloned from node 0."""
+    new_repo(c, name, tmp)
+    work = tmp / "w"
+    assert run("clone", "-q", f"{c.nodes[0].url}/{name}", str(work)).returncode == 0
+    return work
+
+
 def commit(work: Path, text: str, size: int = 0) -> str:
     (work / f"{text}.txt").write_bytes(text.encode() + (os.urandom(size) if size else b"") + b"\n")
     h.git("add", ".", cwd=str(work))
@@ -132,9 +140,7 @@ def node_refs(node: h.Server, name: str) -> dict[str, str]:
 
 def test_a_push_through_one_node_is_fetched_at_once_through_the_others(cluster, tmp_path):
     c = cluster
-    new_repo(c, "a.git", tmp_path)
-    work = tmp_path / "w"
-    assert run("clone", "-q", f"{c.nodes[0].url}/a.git", str(work)).returncode == 0
+    work = new_work(c, "a.git", tmp_path)
     for i in range(3):
         tip = commit(work, f"a{i}")
         r = run("push", c.nodes[i].url + "/a.git", "HEAD:main", cwd=str(work))
@@ -302,9 +308,7 @@ def test_a_node_killed_at_each_step_of_a_push_leaves_every_node_on_the_log(clust
     log: the ref moved exactly when the log has one version of it."""
     c = cluster
     name = f"f-{point}.git"
-    new_repo(c, name, tmp_path)
-    work = tmp_path / "w"
-    assert run("clone", "-q", f"{c.nodes[0].url}/{name}", str(work)).returncode == 0
+    work = new_work(c, name, tmp_path)
     tip = commit(work, point)
     once = tmp_path / "once"
     once.write_text("")
@@ -333,9 +337,7 @@ def test_a_node_killed_at_each_step_of_a_push_leaves_every_node_on_the_log(clust
 
 def test_postgresql_away_fetches_are_served_pushes_fail_cleanly_then_land(cluster, tmp_path):
     c = cluster
-    new_repo(c, "p.git", tmp_path)
-    work = tmp_path / "w"
-    assert run("clone", "-q", f"{c.nodes[0].url}/p.git", str(work)).returncode == 0
+    work = new_work(c, "p.git", tmp_path)
     before = node_refs(c.nodes[1], "p.git")
     assert all(node_refs(n, "p.git") == before for n in c.nodes)   # every node has its copy
     c.pg.stop("fast")
@@ -370,9 +372,7 @@ def test_postgresql_away_fetches_are_served_pushes_fail_cleanly_then_land(cluste
 
 def test_a_lost_repository_directory_is_rebuilt_by_replica_sync(cluster, tmp_path):
     c = cluster
-    new_repo(c, "l.git", tmp_path)
-    work = tmp_path / "w"
-    assert run("clone", "-q", f"{c.nodes[0].url}/l.git", str(work)).returncode == 0
+    work = new_work(c, "l.git", tmp_path)
     for i in range(3):
         commit(work, f"l{i}")
         assert run("push", f"{c.nodes[0].url}/l.git", f"HEAD:refs/heads/l{i}", cwd=str(work)).returncode == 0
@@ -391,9 +391,7 @@ def test_a_lost_repository_directory_is_rebuilt_by_replica_sync(cluster, tmp_pat
 
 def test_a_new_empty_node_is_correct_at_its_first_answer(cluster, tmp_path):
     c = cluster
-    new_repo(c, "n.git", tmp_path)
-    work = tmp_path / "w"
-    assert run("clone", "-q", f"{c.nodes[0].url}/n.git", str(work)).returncode == 0
+    work = new_work(c, "n.git", tmp_path)
     commit(work, "n1")
     assert run("push", f"{c.nodes[0].url}/n.git", "HEAD:main", cwd=str(work)).returncode == 0
     want = node_refs(c.nodes[0], "n.git")
@@ -404,13 +402,29 @@ def test_a_new_empty_node_is_correct_at_its_first_answer(cluster, tmp_path):
     assert "ref: refs/heads/main\tHEAD" in head.stdout
     r = run("ls-remote", f"{node.url}/never.git")
     assert r.returncode != 0 and not (node.root / "never.git").exists()
+    # 12 first requests at once to a repository the new node lacks: one makes it, all are answered
+    new_repo(c, "n2.git", tmp_path)
+    want2 = node_refs(c.nodes[0], "n2.git")
+    results: list = [None] * 12
+    gate = threading.Barrier(12)
+
+    def clone(i: int) -> None:
+        gate.wait(timeout=30)
+        results[i] = run("clone", "-q", "--mirror", f"{node.url}/n2.git", str(tmp_path / f"storm{i}"))
+    threads = [threading.Thread(target=clone, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=200)
+    assert [r.returncode for r in results] == [0] * 12, [r.stderr for r in results if r.returncode]
+    for i in range(12):
+        assert h.refs_of(str(tmp_path / f"storm{i}")) == want2
+    assert not [p for p in node.root.iterdir() if ".aspen-new-" in p.name]
 
 
 def test_db_drop_removes_a_store_and_the_next_request_starts_a_new_log(cluster, tmp_path):
     c = cluster
-    new_repo(c, "d.git", tmp_path)
-    work = tmp_path / "w"
-    assert run("clone", "-q", f"{c.nodes[0].url}/d.git", str(work)).returncode == 0
+    work = new_work(c, "d.git", tmp_path)
     commit(work, "d1")
     assert run("push", f"{c.nodes[0].url}/d.git", "HEAD:main", cwd=str(work)).returncode == 0
     assert "c:d.git" in _aspen(c, 0, "db", "list").stdout

@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 from . import pgconn
+from ..runtime import flocks
 
 SCHEMA_VERSION = 10
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
@@ -478,19 +479,11 @@ def _writer_turn(conn: Conn, deadline: float) -> Iterator[None]:
     its release, where SQLite's busy handler sleeps up to 100 ms."""
     fd = getattr(conn, "writer_fd", None)
     if fd is not None:
-        pause = 0.0005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() + pause > deadline:
-                    raise Busy("another writer of this ref store held its turn past the wait") from None
-                time.sleep(pause)
-                pause = min(pause * 2, TURN_POLL)
-            except OSError:
-                fd = None
-                break
+        try:
+            if not flocks.take(fd, deadline, 0.0005, TURN_POLL):
+                raise Busy("another writer of this ref store held its turn past the wait")
+        except OSError:
+            fd = None
     try:
         yield
     finally:

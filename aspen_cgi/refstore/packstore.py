@@ -10,6 +10,7 @@ names); an object store (S3) would implement the same ones."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -87,16 +88,12 @@ class Upload:
             raise PackStoreError(f"the pack could not be written to the pack store: {e}") from e
 
     def discard(self) -> None:
-        if self.f is not None:
-            try:
-                self.f.close()        # type: ignore[attr-defined]
-            except OSError:
-                pass
-            self.f = None
-        try:
+        f, self.f = self.f, None
+        with contextlib.suppress(OSError):
+            if f is not None:
+                f.close()             # type: ignore[attr-defined]
+        with contextlib.suppress(OSError):
             os.unlink(self.tmp)
-        except OSError:
-            pass
 
 
 class PackStore:

@@ -30,6 +30,8 @@ _pools_lock = threading.Lock()
 _schema_of: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 _texts: dict[str, str] = {}
 GETCONN_WAIT = 1.0     # one wait for a pooled connection; db.py retries it within the caller's patience
+RECONNECT_EVERY = 0.25        # while the server is away, the pool's next try (seconds)
+RECONNECT_FOREVER = 10 * 365 * 86400.0
 
 
 class StoreError(sqlite3.DatabaseError):
@@ -92,8 +94,14 @@ def pool(url: str, size: int):
                 # its reconnection attempts while the server is away would log one warning each:
                 # db.py's retries (within the caller's patience) and Aspen's own log lines say it
                 logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+                # While the server is away the pool tries again after 1 s, 2 s, 4 s, ... and gives up
+                # after 5 minutes: a node would then serve its disk's refs (stale) for as long after
+                # the server is back. Every RECONNECT_EVERY seconds instead, and never giving up.
+                from psycopg_pool import base as pool_base  # startup
+                pool_base.AttemptWithBackoff.INITIAL_DELAY = RECONNECT_EVERY
+                pool_base.AttemptWithBackoff.DELAY_BACKOFF = 1.0
                 p = psycopg_pool.ConnectionPool(url, min_size=1, max_size=max(1, size), open=True,
-                                                timeout=GETCONN_WAIT,
+                                                timeout=GETCONN_WAIT, reconnect_timeout=RECONNECT_FOREVER,
                                                 kwargs={"autocommit": True}, name="aspen-refstore")
                 _pools[key] = p
     return p

@@ -14,15 +14,17 @@ so its disk write and a catch-up never interleave."""
 
 from __future__ import annotations
 
-import fcntl
 import os
+import shutil
 import time
+import uuid
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
 
 from ..git import gitexec
 from ..git.reader import object_info
 from ..model.versions import ZERO, RefChange
+from ..runtime import flocks
 from . import db, diskrefs
 from .packstore import PackStore, PackStoreError
 
@@ -61,10 +63,19 @@ def publish_all(store: "RefStore", root: str, hash_len: int) -> str:
 
 
 def init_bare(path: str, env: Mapping[str, str]) -> bool:
-    """An empty bare repository at PATH, for the log to fill."""
-    res = gitexec.git(["init", "--bare", "--quiet", path], cwd=os.path.dirname(path) or "/",
+    """An empty bare repository at PATH, for the log to fill: made under a
+    temporary name and renamed into place, so that a request racing this one
+    sees either no repository or a whole one. True when PATH is one now."""
+    tmp = f"{path}.aspen-new-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    res = gitexec.git(["init", "--bare", "--quiet", tmp], cwd=os.path.dirname(path) or "/",
                       env=gitexec.GitEnv({k: v for k, v in env.items() if not k.startswith("GIT_DIR")}))
-    return res.returncode == 0
+    if res.returncode == 0:
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            pass                # another request's is in place
+    shutil.rmtree(tmp, ignore_errors=True)
+    return os.path.isfile(os.path.join(path, "HEAD"))
 
 
 def applied(state_dir: str, token: str) -> int:
@@ -91,17 +102,8 @@ def locked(state_dir: str, wait: float) -> Iterator[None]:
     kernel when its holder dies), waited for WAIT seconds at most."""
     fd = os.open(os.path.join(state_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + wait
-        delay = 0.005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise db.Busy("the repository's replica lock is held")
-                time.sleep(delay)
-                delay = min(delay * 2, 0.1)
+        if not flocks.take(fd, time.monotonic() + wait, 0.005, 0.1):
+            raise db.Busy("the repository's replica lock is held")
         yield
     finally:
         os.close(fd)

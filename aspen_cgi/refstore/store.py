@@ -119,6 +119,8 @@ def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
     if not replica_mode(s):
         return False
     for cand in (repo_dir,) if repo_dir.endswith(".git") else (repo_dir, repo_dir + ".git"):
+        if os.path.isfile(os.path.join(cand, "HEAD")):
+            return True                 # made meanwhile, by another request
         if os.path.lexists(cand):
             continue
         try:

@@ -1,0 +1,23 @@
+"""Waiting for an flock with a deadline: the kernel's lock (released when
+its holder dies) taken without blocking, looked at again with a sleep that
+doubles up to a most."""
+
+from __future__ import annotations
+
+import fcntl
+import time
+
+
+def take(fd: int, deadline: float, first: float, most: float) -> bool:
+    """LOCK_EX on FD by DEADLINE (time.monotonic()); False when the deadline passed.
+    OSError (other than the lock being held) is the caller's."""
+    pause = first
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, most)
