@@ -109,7 +109,7 @@ class ClusterStack:
                  workers: int = 2, threads: int = 16, timeout: float = 60.0):
         sys.path.insert(0, str(PROJECT))
         from tests import pgserver        # the tests' PostgreSQL starter: initdb, pg_ctl, as postgres when root
-        from .targets import _gunicorn, copy_root
+        from .targets import _gunicorn, copy_root, repositories
         self._pgserver = pgserver
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -133,9 +133,19 @@ class ClusterStack:
                     node_root.mkdir(parents=True, exist_ok=True)
                 self.nodes.append(self._start_node(i, node_root))
             self.nginx, self.port, self.nginx_dir = start_nginx([f"127.0.0.1:{p}" for _, p, _, _ in self.nodes])
+            if root is not None:
+                self._join(repositories(Path(root)))
         except BaseException:
             self.stop()
             raise
+
+    def _join(self, repos: list[str]) -> None:
+        """Each repository recorded (node 0's first request imports it) and every other
+        node's copy made, as an operator adds a node before it takes traffic."""
+        for i in range(len(self.nodes)):
+            for name in repos:
+                subprocess.run(["git", "ls-remote", f"{self.node_url(i)}/{name}"], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
 
     def _start_node(self, i: int, node_root: Path) -> tuple[subprocess.Popen, int, Path, Path]:
         workers, threads, timeout = self.opts

@@ -5,15 +5,17 @@ cluster; the log in PostgreSQL is the truth, and the node's disk follows
 it. Before a node answers, its store's sync compares the log's latest
 version with the version the node's disk was last brought to (the file
 `replica` in the repository's state). When it is behind, catch_up()
-applies what it lacks, under the node's lock for that repository:
-`git index-pack --fix-thin` of the stored packs of every version whose
-values the node does not have, oldest first, then the refs as the log
+applies what it lacks, under the node's lock for that repository: the
+stored packs of every version whose values the node does not have, oldest
+first (`git unpack-objects` under 100 objects, as receive-pack keeps a
+small push, else `git index-pack --fix-thin`), then the refs as the log
 has them (`git update-ref --stdin`, no compare: the log decided), then the
 new mark. A push through this node holds the same lock while it commits,
 so its disk write and a catch-up never interleave."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -32,8 +34,10 @@ if TYPE_CHECKING:
     from .store import RefStore
 
 MARK = "replica"
+APPLYING = "replica.applying"
 LOCK = "replica.lock"
 HEAD_KEY = "replica_head"
+UNPACK_LIMIT = 100       # receive.unpackLimit's default: smaller packs are applied as loose objects
 LOCK_WAIT = 60.0         # a request waits this long for another catch-up of its repository on this node
 
 
@@ -96,6 +100,28 @@ def set_applied(state_dir: str, version: int, token: str) -> None:
     os.replace(tmp, os.path.join(state_dir, MARK))
 
 
+def applying(state_dir: str) -> int:
+    """The version a catch-up that did not finish was applying packs through (0: none)."""
+    try:
+        with open(os.path.join(state_dir, APPLYING), "rb") as f:
+            text = f.read().strip()
+        return int(text) if text.isdigit() else 0
+    except OSError:
+        return 0
+
+
+def set_applying(state_dir: str, version: int) -> None:
+    path = os.path.join(state_dir, APPLYING)
+    if not version:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{version}\n")
+    os.replace(tmp, path)
+
+
 @contextmanager
 def locked(state_dir: str, wait: float) -> Iterator[None]:
     """This node's lock on the repository's disk (flock: released by the
@@ -134,7 +160,12 @@ def _apply(store: "RefStore", packs: PackStore, sdir: str, token: str,
     gitdir, env = store.gitdir, store.env
     values = sorted({v for _, vals, _ in plan for v in vals})
     present = _present(gitdir, env, values)
-    todo = [(v, names) for v, vals, names in plan if not all(x in present for x in vals)]
+    # a catch-up killed while it applied packs may have left part of a version's objects
+    # (unpack-objects writes them one by one): those versions are applied again, whatever is present
+    redo = applying(sdir)
+    todo = [(v, names) for v, vals, names in plan if v <= redo or not all(x in present for x in vals)]
+    if todo:
+        set_applying(sdir, through)
     for i, (v, names) in enumerate(todo):
         if not names:
             raise ReplicaError(f"version {v}'s objects are neither here nor in the pack store")
@@ -144,6 +175,7 @@ def _apply(store: "RefStore", packs: PackStore, sdir: str, token: str,
             progress(i + 1, len(todo))
     _write_refs(gitdir, env, rows, head)
     set_applied(sdir, through, token)
+    set_applying(sdir, 0)
     return through
 
 
@@ -157,9 +189,16 @@ def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> 
         path = packs.path(name)
     except PackStoreError as e:
         raise ReplicaError(str(e)) from e
-    if not os.path.isfile(path):
-        raise ReplicaError(f"pack {name} is missing from the pack store ({packs.directory})")
-    res = gitexec.git(["index-pack", "--stdin", "--fix-thin"], cwd=gitdir, env=gitexec.GitEnv(env), stdin_path=path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        raise ReplicaError(f"pack {name} is missing from the pack store ({packs.directory})") from None
+    # as receive-pack keeps a push's objects: loose under the unpack limit, else a pack of its own
+    # (a pack per version would have every node's `gc --auto` repack after each 50 versions)
+    small = len(head) == 12 and head[:4] == b"PACK" and int.from_bytes(head[8:12], "big") < UNPACK_LIMIT
+    args = ["unpack-objects", "-q"] if small else ["index-pack", "--stdin", "--fix-thin"]
+    res = gitexec.git(args, cwd=gitdir, env=gitexec.GitEnv(env), stdin_path=path)
     if res.returncode != 0:
         raise ReplicaError(f"index-pack of {name} failed: {res.stderr.decode('utf-8', 'replace').strip()}")
 
