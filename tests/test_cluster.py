@@ -463,3 +463,25 @@ def test_a_catch_up_killed_mid_way_applies_its_versions_again(cluster, tmp_path)
     assert not (Path(gitdir) / "aspen" / "replica.applying").exists()
     h.fsck_strict(gitdir)
     check_clone(f"{c.nodes[1].url}/h.git", tmp_path / "m", want)
+
+
+def test_pushes_through_nginx_whose_thin_packs_name_bases_another_node_took(cluster, tmp_path):
+    """Through nginx (round robin), a push's GET and POST go to different
+    nodes, and each push's pack is thin against the one before (one line of
+    a large file changed), which another node took. A node catches up
+    before it reads the pack: every push lands, every node agrees."""
+    c = cluster
+    work = new_work(c, "t.git", tmp_path)
+    lines = [f"line {i} {os.urandom(16).hex()}\n" for i in range(4000)]
+    for k in range(8):
+        lines[k * 100] = f"changed in push {k}\n"
+        (work / "big.txt").write_text("".join(lines))
+        h.git("add", "big.txt", cwd=str(work))
+        h.git("commit", "-q", "-m", f"thin {k}", cwd=str(work))
+        r = run("push", c.front("t.git", auth=True), "HEAD:main", cwd=str(work))
+        assert r.returncode == 0, r.stderr
+    tip = h.out("rev-parse", "HEAD", cwd=str(work))
+    for j, n in enumerate(c.nodes):
+        refs = node_refs(n, "t.git")
+        assert refs["refs/heads/main"] == tip
+        check_clone(f"{n.url}/t.git", tmp_path / f"m{j}", refs)

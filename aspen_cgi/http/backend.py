@@ -134,8 +134,13 @@ class _Call:
         return self.req.env
 
     def context(self, protocol: Optional[int] = None) -> ServiceContext:
-        return ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, protocol), [],
-                              settings.of(self.env), pin=self.pin)
+        ctx = ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, protocol), [],
+                             settings.of(self.env), pin=self.pin)
+        if ctx.settings.pack_store:
+            # a cluster's node: its copy at the log's latest version before anything is read or
+            # received (a push's thin pack names bases another node advertised)
+            ctx.refstore()
+        return ctx
 
     def snapshot(self) -> refs_mod.RefSnapshot:
         return self.context(0).snapshot(self.namespace)

@@ -154,6 +154,7 @@ def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: fl
     visible: dict[tuple[int, int], float] = {}      # (writer, index) -> ms from ack to first seen
     push_lat: list[float] = []
     counts = {"push_failures": 0, "reads": 0, "read_failures": 0, "fetches": 0, "fetch_failures": 0}
+    failed: list[str] = []      # the failed pushes' messages
     stop_at = time.monotonic() + seconds
 
     def writer(i: int) -> None:
@@ -169,6 +170,7 @@ def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: fl
                     acked[sha] = (i, j, now)
                 else:
                     counts["push_failures"] += 1
+                    failed.append(r.stderr_tail)
 
     def reader(i: int, fetching: bool = True) -> None:
         rdir = d / f"r{i}"
@@ -225,7 +227,8 @@ def _writers_on(ctx: WorkloadContext, t, writers: int, readers: int, seconds: fl
         m.update({"visible_p50_ms": stats.percentile(vis, 50), "visible_p99_ms": stats.percentile(vis, 99)})
     rmtree(d)
     return Measurement("writers", t.name, {"writers": writers, "readers": readers, "seconds": seconds, "rep": rep},
-                       m, push_lat, "samples: push latency ms")
+                       m, push_lat, "samples: push latency ms"
+                       + (f"; first failed push: {failed[0].strip()[-300:]}" if failed else ""))
 
 
 def _latest(acked: dict) -> list[tuple[int, int]]:
