@@ -607,7 +607,7 @@ class RefStore:
         if not changes:
             return None
         if self.replica_root is not None:
-            return self._commit_replica(changes, meta)
+            return self._commit_replica(changes, meta, fast)
         tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
         held: Optional[reflocks.Claim] = None
         if fast:
@@ -697,7 +697,7 @@ class RefStore:
                 db.put_refs(conn, [StoredRef(ref, latest[0], None, latest[1], latest[2])], latest[3])
         self._compact(conn)
 
-    def _commit_replica(self, changes: Sequence[RefChange], meta: VersionMeta) -> Optional[str]:
+    def _commit_replica(self, changes: Sequence[RefChange], meta: VersionMeta, fast: bool) -> Optional[str]:
         """A replica's push: the compare-and-swap is the log's (another node may
         have moved the ref), the version is done when committed, and this
         node's disk follows under its replica lock. The push's objects are
@@ -706,9 +706,18 @@ class RefStore:
         with replica.locked(sdir, settings.of(self.env).store_wait):
             made = self._made()
             before = replica.applied(sdir, made)
-            tx = diskrefs.UpdateRef(self.gitdir, self.env)
+            disk = [RefChange(c.ref, None, c.new, c.ff, c.otype, c.peeled) for c in changes]
+            tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
+            held: Optional[reflocks.Claim] = None
+            if fast:        # the in-process lock-file writer: no git started while the node's lock is held
+                tx, held = diskrefs.LooseWrite(self.gitdir), reflocks.Claim(sdir)
+                if not tx.prepare(disk, held):
+                    held.release()
+                    tx, held = None, None
+            if tx is None:
+                tx = diskrefs.UpdateRef(self.gitdir, self.env)
             try:
-                err = tx.prepare([RefChange(c.ref, None, c.new, c.ff, c.otype, c.peeled) for c in changes])
+                err = tx.prepare(disk) if isinstance(tx, diskrefs.UpdateRef) else None
                 if err:
                     return err
                 fault("refs-locked", self.env)
@@ -727,6 +736,8 @@ class RefStore:
                 return None
             finally:
                 tx.close()
+                if held is not None:
+                    held.release()
 
     def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                         tried: list[tuple[str, int]]) -> "int | str":
