@@ -10,14 +10,16 @@ stored packs of every version whose values the node does not have, oldest
 first (`git unpack-objects` under 100 objects, as receive-pack keeps a
 small push, else `git index-pack --fix-thin`), then the refs as the log
 has them (`git update-ref --stdin`, no compare: the log decided), then the
-new mark. A push through this node holds the same lock while it commits,
-so its disk write and a catch-up never interleave."""
+new mark. A push through this node holds the same lock (shared with other
+pushes) while it commits, so its disk write and a catch-up never
+interleave."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 MARK = "replica"
 APPLYING = "replica.applying"
 LOCK = "replica.lock"
+GATE = "replica.gate"
 HEAD_KEY = "replica_head"
 UNPACK_LIMIT = 100       # receive.unpackLimit's default: smaller packs are applied as loose objects
 LOCK_WAIT = 60.0         # a request waits this long for another catch-up of its repository on this node
@@ -94,7 +97,7 @@ def applied(state_dir: str, token: str) -> int:
 
 
 def set_applied(state_dir: str, version: int, token: str) -> None:
-    tmp = os.path.join(state_dir, f"{MARK}.tmp{os.getpid()}")
+    tmp = os.path.join(state_dir, f"{MARK}.tmp{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "w") as f:
         f.write(f"{version} {token}\n")
     os.replace(tmp, os.path.join(state_dir, MARK))
@@ -116,23 +119,38 @@ def set_applying(state_dir: str, version: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
     with open(tmp, "w") as f:
         f.write(f"{version}\n")
     os.replace(tmp, path)
 
 
 @contextmanager
-def locked(state_dir: str, wait: float) -> Iterator[None]:
-    """This node's lock on the repository's disk (flock: released by the
-    kernel when its holder dies), waited for WAIT seconds at most."""
-    fd = os.open(os.path.join(state_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+def locked(state_dir: str, wait: float, shared: bool = False) -> Iterator[None]:
+    """This node's lock on the repository's disk (flocks: released by the
+    kernel when their holder dies), waited for WAIT seconds at most. A
+    catch-up holds it alone; pushes (SHARED) hold it together, each with its
+    refs' lock files, so that pushes to different refs commit side by side
+    and no catch-up writes refs while a push is between the log and the
+    disk. A gate taken first, and held by a catch-up throughout, lets no
+    new push in while a catch-up waits for the pushes under way."""
+    deadline = time.monotonic() + wait
+    gate = os.open(os.path.join(state_dir, GATE), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = -1
     try:
-        if not flocks.take(fd, time.monotonic() + wait, 0.005, 0.1):
+        if not flocks.take(gate, deadline, 0.001, 0.05):
+            raise db.Busy("the repository's replica lock is held")
+        fd = os.open(os.path.join(state_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        taken = flocks.take(fd, deadline, 0.001, 0.05, shared=shared)
+        if shared:
+            flocks.release(gate)
+        if not taken:
             raise db.Busy("the repository's replica lock is held")
         yield
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+        os.close(gate)
 
 
 def catch_up(store: "RefStore", root: str, latest: int, token: str,

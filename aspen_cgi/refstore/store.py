@@ -703,9 +703,8 @@ class RefStore:
         node's disk follows under its replica lock. The push's objects are
         already in the pack store (META.packs)."""
         sdir = os.path.dirname(self.path)
-        with replica.locked(sdir, settings.of(self.env).store_wait):
+        with replica.locked(sdir, settings.of(self.env).store_wait, shared=True):
             made = self._made()
-            before = replica.applied(sdir, made)
             disk = [RefChange(c.ref, None, c.new, c.ff, c.otype, c.peeled) for c in changes]
             tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
             held: Optional[reflocks.Claim] = None
@@ -730,8 +729,8 @@ class RefStore:
                 if isinstance(got, str):
                     return got
                 fault("store-committed", self.env)
-                if tx.commit() is None and before == got - 1:
-                    replica.set_applied(sdir, got, made)
+                if tx.commit() is None and replica.applied(sdir, made) == got - 1:
+                    replica.set_applied(sdir, got, made)     # pushes side by side: only v-1 -> v, never back
                 # else the disk lags the log: the next request's catch-up writes the refs
                 return None
             finally:

@@ -8,13 +8,18 @@ import fcntl
 import time
 
 
-def take(fd: int, deadline: float, first: float, most: float) -> bool:
-    """LOCK_EX on FD by DEADLINE (time.monotonic()); False when the deadline passed.
-    OSError (other than the lock being held) is the caller's."""
+def release(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def take(fd: int, deadline: float, first: float, most: float, shared: bool = False) -> bool:
+    """LOCK_EX (SHARED: LOCK_SH) on FD by DEADLINE (time.monotonic()); False
+    when the deadline passed. OSError (other than the lock being held) is the caller's."""
     pause = first
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if time.monotonic() + pause > deadline:
