@@ -58,7 +58,10 @@ def refstore_in_postgresql(tmp_path: Path):
     mine = os.path.realpath(tmp_path) + "/"
     for repo, _, _ in db.pg_stores(conn):
         if repo.startswith(mine):
-            db.pg_drop(conn, repo)
+            # a background build of the test's repository may still read the store: a deadlock
+            # between its reads and the DROP is retried, as every store write is
+            with db.patience(30):
+                db.retry(lambda: db.pg_drop(conn, repo))
     store.forget_pg_stores()
 
 
