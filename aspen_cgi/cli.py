@@ -364,6 +364,8 @@ def _import_background(args: argparse.Namespace) -> int:
         os.nice(background.NICE)
     except OSError:
         pass
+    from .git import gitexec  # startup
+    gitexec.run_as_background()
     gitdir = os.path.abspath(args.repo)
     env = dict(os.environ)
     env["GIT_DIR"] = gitdir

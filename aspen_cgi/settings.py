@@ -170,8 +170,9 @@ TABLE = (
      "`auto`, `off` (or a boolean)",
      "build a pack for every version after it lands, and answer fetches from stored packs; `off`: git "
      "answers every fetch"),
-    ("ASPEN_BUILD_WAIT_MS", "build_wait", MILLISECONDS, 2.0, "`2000`", None,
-     "how long a fetch arriving while its version's pack is being built waits for it"),
+    ("ASPEN_BUILD_WAIT_MS", "build_wait", MILLISECONDS, 0.05, "`50`", None,
+     "the most a fetch waits for its versions' packs, and only when each is made in milliseconds (a client's"
+     " pack adopted, no git run); never for a pack git must build: git answers at once; `0`: never waits"),
     ("ASPEN_COMPACT_QUIET_MS", "compact_quiet", MILLISECONDS, 1.0, "`1000`", None,
      "how long a repository must go without a new version before its segment packs are built"),
 )

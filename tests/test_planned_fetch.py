@@ -150,11 +150,15 @@ def test_pushes_build_their_packs_in_the_background(kind, root, server_factory, 
 
 
 @pytest.mark.parametrize("kind", ["gunicorn", "cgi"])
-def test_fetch_right_after_a_push_waits_for_its_pack(kind, root, server_factory, cgi_server_factory, tmp_path):
-    """A fetch that arrives while the push's pack is being built waits for
-    the builder (ASPEN_BUILD_WAIT_MS) and is planned; a change made outside
-    Aspen (stock's push) has no builder running: the next fetch starts one,
-    waits, and is planned too."""
+def test_fetch_right_after_a_push_is_planned_and_never_waits_for_a_build(kind, root, server_factory,
+                                                                         cgi_server_factory, tmp_path):
+    """A push through Aspen is acknowledged with its client's pack already
+    its version's pack (adopted, no git): the fetch right after it is
+    planned and found nothing to wait for. A change made outside Aspen
+    (stock's push) has no client's pack to adopt: the next fetch is git's
+    answer at once (why=not-built, build_wait_ms=0.0), though
+    ASPEN_BUILD_WAIT_MS would let it wait 30 s, and starts a builder; once
+    it is done, a clone is planned."""
     env = dict(ASPEN_ACCESS_LOG="1", ASPEN_VERSION_PACKS="auto", ASPEN_BUILD_WAIT_MS="30000")
     server = server_factory(root, **env) if kind == "gunicorn" else cgi_server_factory(root, "aspen", **env)
     stock = cgi_server_factory(root, "stock")
@@ -163,14 +167,26 @@ def test_fetch_right_after_a_push_waits_for_its_pack(kind, root, server_factory,
     h.git("clone", "-q", server.url + "/repo.git", str(work))
     h.git("-c", "protocol.version=2", "clone", "-q", server.url + "/repo.git", str(client))
     h.wait_packs_built(repo)            # no fetch waits for the import's pack: git answers meanwhile
+
+    def fetch() -> str:
+        h.git("-c", "protocol.version=2", "-c", "transfer.fsckObjects=true", "fetch", "-q", "origin", cwd=str(client))
+        h.fsck_strict(str(client))
+        assert h.out("rev-parse", "origin/main", cwd=str(client)) == h.out("rev-parse", "main", cwd=str(repo))
+        return _plans(server)[-1]
     for i, url in enumerate((server.url, stock.url)):
         (work / "w.txt").write_text(f"{i}\n" * 80)
         pk.commit(work, f"w{i}")
         h.git("push", "-q", url + "/repo.git", "HEAD:main", cwd=str(work))
-        h.git("-c", "protocol.version=2", "-c", "transfer.fsckObjects=true", "fetch", "-q", "origin", cwd=str(client))
-        h.fsck_strict(str(client))
-        assert h.out("rev-parse", "origin/main", cwd=str(client)) == h.out("rev-parse", "main", cwd=str(repo))
-        assert "plan=planned" in _plans(server)[-1], (url, _plans(server)[-1])
+        plan = fetch()
+        if url == server.url:
+            assert "plan=planned" in plan and "build_wait_ms" not in plan, plan
+        else:
+            assert "plan=fallback why=not-built build_wait_ms=0.0" in plan, plan
+            h.wait_packs_built(repo)
+            _clone(server.url + "/repo.git", tmp_path / "after.git", 2)
+            assert "plan=planned" in _plans(server)[-1], _plans(server)[-1]
+            h.fsck_strict(str(tmp_path / "after.git"))
+            assert h.refs_of(str(tmp_path / "after.git")) == h.refs_of(str(repo))
 
 
 def test_hidden_refs_objects_never_sent_from_stored_packs(root, server_factory, cgi_server_factory, tmp_path):

@@ -99,7 +99,7 @@ def test_defaults_and_each_kind_parsed():
     s = settings.parse([None] * len(settings.TABLE))
     assert (s.access_log, s.metrics, s.cache, s.refstore, s.wide_depth1) == (True, False, True, True, True)
     assert (s.cache_max_bytes, s.cache_reserve_bytes, s.max_push_bytes) == (1 << 30, 64 << 20, 0)
-    assert (s.idle_timeout, s.request_timeout, s.build_wait, s.compact_quiet) == (60.0, 3600.0, 2.0, 1.0)
+    assert (s.idle_timeout, s.request_timeout, s.build_wait, s.compact_quiet) == (60.0, 3600.0, 0.05, 1.0)
     assert (s.prewarm, s.version_packs, s.state_dir, s.remote_user_header) == ("default", "auto", None, None)
     cores = os.cpu_count() or 2
     assert (s.cold_per_repo, s.cold_per_server, s.builds_per_server) == (cores, 2 * cores, max(1, cores // 2))

@@ -62,7 +62,7 @@ def _version(ctx, store, pin: Optional[Pin]) -> int:
     except PinError as e:
         raise _refused(404, "Not Found", str(e)) from None
     v = ctx.pinned
-    if store.settled()[1] < v and not (background.await_built(ctx.gitdir, store, ctx.env)
+    if store.settled()[1] < v and not (background.await_built(ctx.gitdir, store, ctx.env).built
                                        or store.settled()[1] >= v):
         raise _refused(503, "Service Unavailable", f"version {v}'s packs are being built; retry later",
                        [("Retry-After", "30")])

@@ -7,7 +7,8 @@ single-flight through the cache as any answer; its entry is marked interim
 computation (upload-pack through packhook: a wider delta search and
 libdeflate) beside it: a thread at niceness 10 in a long-lived server
 (packs.background.IN_PROCESS), a detached `python -m aspen_cgi.fetch.depth1`
-at niceness 10 under CGI; git and the hook inherit the niceness. `build()`
+at niceness 10 under CGI; git and the hook inherit the niceness and run
+in the idle scheduling class (gitexec.run_as_background). `build()`
 writes that answer to a locked temporary file and renames it over the
 entry when it is smaller (`depth1=wide`); otherwise git's entry is kept for
 good (`depth1=stock-kept`). Requests that had the old file open read it to
@@ -308,6 +309,8 @@ def _in_thread(job: Job) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)   # this thread and its children
     except (OSError, AttributeError):
         pass
+    from ..git import gitexec  # startup
+    gitexec.run_as_background()          # its children in the idle scheduling class
     guard = _guard(job.gitdir, job.env)
     if guard is None:
         return
@@ -372,6 +375,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         pass
     gitdir, name, version, request = (os.environ.get(k, "") for k in HANDOFF)
     from ..git import gitexec  # startup
+    gitexec.run_as_background()
     env = gitexec.child_env().without(*HANDOFF)
     guard = _guard(gitdir, env)
     if guard is None:

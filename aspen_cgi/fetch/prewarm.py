@@ -18,7 +18,8 @@ requests took 40 s), and with the cache on, as by default, every push to
 HEAD's branch started a pre-warmer, whether anyone cloned that way or not.
 `aspen import` pre-warms once, demand or not.
 Runs in a thread of a long-lived server, or as `python -m
-aspen_cgi.fetch.prewarm` started detached by a CGI push, at niceness 10.
+aspen_cgi.fetch.prewarm` started detached by a CGI push, at niceness 10,
+its git children in the idle scheduling class (gitexec.run_as_background).
 
 A pre-warmer never outlives its repository: it holds a RepoGuard
 (repoguard.py) and looks at it before each step, before making its
@@ -201,6 +202,7 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)   # this thread and its children
             except (OSError, AttributeError):
                 pass
+            gitexec.run_as_background()        # its git children in the idle scheduling class
             try:
                 run(gitdir, child)
             except RepositoryGone:
@@ -253,6 +255,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.nice(10)
     except OSError:
         pass
+    gitexec.run_as_background()
     if argv:
         return _prewarm_imported(argv)
     from ..runtime.repoguard import RepositoryGone  # startup

@@ -482,8 +482,12 @@ def _built(ctx, store) -> bool:
     PinnedHistory reads)."""
     def pinned_built() -> bool:
         return ctx.pinned is not None and store.settled()[1] >= ctx.pinned
-    return (pinned_built() or background.await_built(ctx.gitdir, store, ctx.env, later=ctx.after_answer)
-            or pinned_built())
+    if pinned_built():
+        return True
+    waited = background.await_built(ctx.gitdir, store, ctx.env, later=ctx.after_answer)
+    if not waited.built or waited.waited:
+        ctx.trace["build_wait_ms"] = round(waited.waited * 1000, 1)
+    return waited.built or pinned_built()
 
 
 def _request_reason(ctx, req: FetchRequest) -> Optional[str]:

@@ -20,6 +20,9 @@ Timeout = subprocess.TimeoutExpired
 CHUNK = 65536
 NICE = shutil.which("nice")            # coreutils: a background child's niceness
 SETPRIV = shutil.which("setpriv")      # util-linux: a background child dies with its builder
+CHRT = shutil.which("chrt")            # util-linux: a background child in the idle scheduling class
+IONICE = shutil.which("ionice")        # util-linux: ... and in the idle I/O class
+_thread = threading.local()
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,31 @@ def child_env(base: Optional[Mapping[str, str]] = None, **extra: str) -> GitEnv:
     return env
 
 
+def run_as_background() -> None:
+    """From now on the calling thread is Aspen's own background work (pack
+    builds, wide depth-1 answers, pre-warm): every process it starts runs in
+    the kernel's idle scheduling class (SCHED_IDLE: it gets a core only
+    when nothing else wants it) and the idle I/O class, through a `chrt
+    --idle 0 ionice -c 3` prefix. The thread itself keeps the normal class:
+    in the idle class, a thread holding the interpreter lock behind busy
+    cores would stall the process's request threads waiting for it, and a
+    builder whose own code starves could not see its repository deleted and
+    stop its child (RepoGuard)."""
+    _thread.background = True
+
+
+def is_background() -> bool:
+    return getattr(_thread, "background", False)
+
+
+def _argv(argv: Sequence[str]) -> list[str]:
+    """ARGV as this thread starts it: behind the idle-class prefix in a background thread."""
+    if is_background():
+        prefix = ([CHRT, "--idle", "0"] if CHRT else []) + ([IONICE, "-c", "3"] if IONICE else [])
+        return [*prefix, *argv]
+    return list(argv)
+
+
 def git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
         input: Optional[bytes] = None, timeout: Optional[float] = None,
         stdin_path: Optional[str] = None) -> Result:
@@ -61,10 +89,10 @@ def git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
     or the file at STDIN_PATH (a stored pack, too large to hold in memory)."""
     if stdin_path is not None:
         with open(stdin_path, "rb") as f:
-            proc = subprocess.run([GIT, *args], cwd=cwd, env=env, stdin=f,
+            proc = subprocess.run(_argv([GIT, *args]), cwd=cwd, env=env, stdin=f,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     else:
-        proc = subprocess.run([GIT, *args], cwd=cwd, env=env, input=input,
+        proc = subprocess.run(_argv([GIT, *args]), cwd=cwd, env=env, input=input,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
@@ -72,7 +100,7 @@ def git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
 def git_to_file(args: Sequence[str], *, cwd: str, out: IO[bytes], env: Optional[GitEnv] = None) -> Result:
     """Run `git ARGS` with its standard output written to the open file OUT
     (a pack too large to hold in memory); stderr captured, stdin empty."""
-    proc = subprocess.run([GIT, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+    proc = subprocess.run(_argv([GIT, *args]), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
                           stderr=subprocess.PIPE)
     return Result(proc.returncode, b"", proc.stderr)
 
@@ -125,7 +153,7 @@ class Stream:
     def __init__(self, argv: Sequence[str], *, cwd: str, env: Optional[GitEnv],
                  input: bytes | Iterator[bytes] | None, stderr: Optional[IO] = None):
         self.argv = list(argv)
-        self.proc = subprocess.Popen(self.argv, cwd=cwd, env=env,
+        self.proc = subprocess.Popen(_argv(self.argv), cwd=cwd, env=env,
                                      stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                                      stdout=subprocess.PIPE,
                                      stderr=stderr if stderr is not None else _our_stderr())
@@ -177,7 +205,7 @@ def start(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
           stdin: int | IO | None = subprocess.PIPE, stdout: int | IO | None = subprocess.PIPE,
           stderr: int | IO | None = subprocess.PIPE) -> subprocess.Popen:
     """Start `git ARGS` with the pipes the caller wants (for pack intake)."""
-    return subprocess.Popen([GIT, *args], cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
+    return subprocess.Popen(_argv([GIT, *args]), cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
 
 
 def hook(path: str, args: Sequence[str], *, cwd: str, env: GitEnv,
@@ -223,7 +251,7 @@ def background_git(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = Non
         argv = [NICE, "-n", str(below), *argv]
     if check is not None:
         check()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env,
+    proc = subprocess.Popen(_argv(argv), cwd=cwd, env=env,
                             stdin=subprocess.PIPE if input is not None else (stdin if stdin is not None
                                                                              else subprocess.DEVNULL),
                             stdout=stdout, stderr=subprocess.PIPE)

@@ -31,6 +31,7 @@ FIELDS = {
     "why": "why git answers, or how a planned v0 round ended",
     "unproved": "the haves the planner could not prove",
     "plan_us": "planning time",
+    "build_wait_ms": "how long a fetch waited for its versions' packs (packs/background.await_built), when it found any unbuilt",
     "visits": "versions+segments the plan's history queries read",
     "versions_visited": "versions the plan's history queries read",
     "segments_visited": "segment nodes the plan's history queries read",

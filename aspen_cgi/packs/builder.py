@@ -37,12 +37,20 @@ def _unlink(path: str) -> None:
 
 
 def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Optional[int] = None,
-                progress: Optional[Progress] = None, guard=None) -> list[tuple[int, Optional[BuiltPack]]]:
+                progress: Optional[Progress] = None, guard=None, adopt_only: bool = False,
+                later: Optional[DeltaSearch] = None) -> list[tuple[int, Optional[BuiltPack]]]:
     """Build STORE's version packs not built yet, oldest version first (the
-    import version's is the whole repository); (version, BuiltPack or None
-    when it has no new values) of each. PROGRESS(done, total, version).
-    GUARD (repoguard.RepoGuard) stops the build when the repository goes."""
+    import version's is the whole repository, with SEARCH); (version,
+    BuiltPack or None when it has no new values) of each. A later version's
+    pack is its client's pack when adopt() takes it, else built with LATER
+    (default SEARCH): the wide search is compaction's (segment packs).
+    ADOPT_ONLY: stop, recording nothing more, at the first version whose
+    pack would need git (no client's pack to adopt, or none adopt() takes,
+    or no listing of the push's walk for its boundary).
+    PROGRESS(done, total, version). GUARD (repoguard.RepoGuard) stops the
+    build when the repository goes."""
     search = search or DeltaSearch()
+    later = later or search
     todo = store.unbuilt(limit or (1 << 62))
     if not todo:
         return []
@@ -62,6 +70,8 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
         listing = read_listing(sent) if sent is not None else None
         before = set(values.values())
         b = vp.boundary_listed(listing, tips, peeled, before)
+        if b is None and adopt_only and tips:
+            break
         if b is None:
             listing = None
             try:
@@ -71,14 +81,17 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
                 # only it reached is gone, so this version's pack is made against the values left
                 before = _present(store, before)
                 b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
-        built, how = None, search
+        how = search if vid == 1 else later
+        built = None
         if tips and sent is not None:
             objects = objects or vp.RepoObjects(store.gitdir, store.env)
             built = vp.adopt(tips, b, sent, store.packs_dir, objects, guard,
                              listing.objects if listing is not None else None)
-            how = vp.CLIENT_DELTAS if built else search
+            how = vp.CLIENT_DELTAS if built else how
         if tips and built is None:
-            built = vp.build(store.gitdir, store.env, tips, b.commits, store.packs_dir, search, guard)
+            if adopt_only:
+                break
+            built = vp.build(store.gitdir, store.env, tips, b.commits, store.packs_dir, how, guard)
         if sent is not None:
             _unlink(sent)
             _unlink(listing_path(sent))

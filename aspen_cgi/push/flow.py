@@ -195,6 +195,7 @@ class Push:
         if self.sent is not None and any(s.error is None for s in states):
             self.sent.keep(self._listing(states))
             self.sent = None
+            self._adopt_sent()
         self._cleanup()
 
         results = [RefResult(s.cmd.ref, s.error, s.reports) for s in states]
@@ -219,6 +220,14 @@ class Push:
             self._background_work()
         if neg.sideband:
             yield pktline.FLUSH
+
+    def _adopt_sent(self) -> None:
+        """The client's pack becomes its version's pack now, before the report,
+        when that needs no git (packs.background.adopt_now)."""
+        from ..packs import background     # startup: pushes without a store never load the builder
+        store = self.ctx.refstore()
+        if store is not None:
+            background.adopt_now(store)
 
     def _background_work(self) -> None:
         """After a push landed: its version pack (when built), then the jobs
