@@ -566,7 +566,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
                      "bytes_from_cache": c.bytes["hit"] + c.bytes["shared"],
                      "bytes_computed": c.bytes["cold"] + c.bytes["uncached"], "evictions": c.counts["evicted"],
                      "evicted_bytes": c.bytes["evicted"], "abandoned": c.counts["abandoned"],
-                     "entries": len(items), "entry_bytes": sum(e.size for e in items),
+                     "superseded": c.counts["superseded"], "entries": len(items), "entry_bytes": sum(e.size for e in items),
                      "max_bytes": settings.max_bytes, "depth1_wide": c.counts["depth1_wide"],
                      "depth1_kept": c.counts["depth1_kept"], "depth1_entries": _depth1_entries(items)})
     g = admission.gauges(admission.capacity(aspen_settings.of(os.environ)))
@@ -589,7 +589,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
               f"cold {r['cold']}, uncached {r['uncached']}, pre-warmed {r['prewarmed']})")
         print(f"  bytes served from cache {r['bytes_from_cache']:,}  computed {r['bytes_computed']:,}")
         print(f"  entries {r['entries']} ({r['entry_bytes']:,} of {r['max_bytes']:,} bytes)  "
-              f"evictions {r['evictions']} ({r['evicted_bytes']:,} bytes)  abandoned {r['abandoned']}")
+              f"evictions {r['evictions']} ({r['evicted_bytes']:,} bytes)  abandoned {r['abandoned']}  "
+              f"superseded {r['superseded']}")
         d1 = r["depth1_entries"]
         print(f"  depth-1 clones: entries stock {d1['stock']}, wide {d1['wide']}, stock-kept {d1['stock-kept']}; "
               f"made wide in the background {r['depth1_wide']}, kept git's {r['depth1_kept']}")

@@ -315,3 +315,44 @@ def test_what_a_fallback_answer_was_asked_to_start_runs_after_its_last_byte_once
     cut = _Admitted(gitexec.git_stream(["version"], cwd=str(repo)), _Slot(early), [lambda: early.append("after")])
     cut.close()
     assert early.count("after") == 1
+
+
+@pytest.mark.timeout(180)
+def test_a_cached_git_answer_gives_way_once_the_packs_are_built(tmp_path, server_factory):
+    """The cache never serves a worse answer than the one now possible: a
+    clone git answered while the import's pack was unbuilt (the build slot
+    held) is kept as `entry=git-unbuilt`, served as such while the packs are
+    still unbuilt, then dropped by the first identical clone after they are
+    built (`entry=superseded`), which is planned; the one after that is a
+    hit on the planned entry. Every clone is complete and fsck-clean."""
+    root = tmp_path / "root"
+    repo = root / "repo.git"
+    h.git("init", "-q", "--bare", str(repo))
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], input=os.urandom(4096), cwd=str(repo),
+                          capture_output=True, check=True).stdout.decode().strip()
+    tree = subprocess.run(["git", "mktree"], input=f"100644 blob {blob}\tbig.bin\n".encode(), cwd=str(repo),
+                          capture_output=True, check=True).stdout.decode().strip()
+    h.git("update-ref", "refs/heads/main", h.out("commit-tree", tree, "-m", "big", cwd=str(repo)), cwd=str(repo))
+    run = tmp_path / "run"
+    run.mkdir()
+    slot = os.open(run / "build.slot.0", os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(slot, fcntl.LOCK_EX)
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(run), ASPEN_BUILDS_PER_SERVER="1")
+
+    def clone(name: str) -> str:
+        _clone(server.url + "/repo.git", tmp_path / name, 0)
+        h.fsck_strict(str(tmp_path / name))
+        assert h.refs_of(str(tmp_path / name)) == h.refs_of(str(repo))
+        return _plans(server)[-1]
+    try:
+        first = clone("first.git")
+        assert "cache=cold" in first and "plan=fallback why=not-built" in first, first
+        second = clone("second.git")
+        assert "cache=hit entry=git-unbuilt" in second, second
+    finally:
+        os.close(slot)
+    h.wait_packs_built(repo)
+    third = clone("third.git")
+    assert "cache=cold entry=superseded" in third and "plan=planned" in third, third
+    fourth = clone("fourth.git")
+    assert "cache=hit entry=planned" in fourth, fourth

@@ -21,6 +21,13 @@ file and renames it over the entry: requests that opened the old file read
 it to its end; the new file is a new inode (and a new creation time in its
 header), so its CRC-32 is checked again.
 
+Bits 16-17 of the outcome field say what made the answer: the planner
+from stored packs (`planned`), git (`git`), or git because the versions'
+packs were not built yet (`git-unbuilt`): such an entry is dropped, and the
+answer computed again, by the first request that finds the packs built
+(cache/responses.py), so the cache never serves a worse answer than the one
+now possible.
+
 Single-flight: `.part` appears only through link(2) of a file already
 locked, so at most one producer per name exists at a time, across
 processes, and a visible `.part` is always either locked or finished.
@@ -45,6 +52,9 @@ KEPT, DISCARDED = 1, 2                     # outcomes: an entry for later reques
 # what a depth-1 clone's entry holds (outcome bits 8-15); 0: not a depth-1 clone's
 DEPTH1_STOCK, DEPTH1_WIDE, DEPTH1_STOCK_KEPT = 1, 2, 3
 DEPTH1_LABELS = {DEPTH1_STOCK: "stock", DEPTH1_WIDE: "wide", DEPTH1_STOCK_KEPT: "stock-kept"}
+# what made the answer (outcome bits 16-17); 0: not said (an entry older than the mark)
+PLANNED, GIT, GIT_UNBUILT = 1, 2, 3
+KIND_LABELS = {PLANNED: "planned", GIT: "git", GIT_UNBUILT: "git-unbuilt"}
 _OUTCOME_AT = 20                           # the outcome field's offset in the header
 CHUNK = 65536
 SUFFIX = ".entry"
@@ -67,6 +77,7 @@ class Header:
     version: int = 0
     depth1: int = 0         # DEPTH1_* or 0
     created: int = 0        # ns
+    kind: int = 0           # PLANNED, GIT, GIT_UNBUILT or 0
 
     @classmethod
     def read(cls, fd: int) -> Optional["Header"]:
@@ -74,14 +85,15 @@ class Header:
         if len(raw) < HEADER_SIZE:
             return None
         magic, length, crc, field, created, version = HEADER.unpack(raw)
-        outcome, depth1 = field & 0xFF, field >> 8
-        if magic != MAGIC or outcome not in (KEPT, DISCARDED) or depth1 not in (0, *DEPTH1_LABELS):
+        outcome, depth1, kind = field & 0xFF, field >> 8 & 0xFF, field >> 16
+        if (magic != MAGIC or outcome not in (KEPT, DISCARDED) or depth1 not in (0, *DEPTH1_LABELS)
+                or kind not in (0, *KIND_LABELS)):
             return None
-        return cls(length, crc, outcome, version, depth1, created)
+        return cls(length, crc, outcome, version, depth1, created, kind)
 
 
-def _header(length: int, crc: int, outcome: int, version: int, depth1: int) -> bytes:
-    return HEADER.pack(MAGIC, length, crc, outcome | depth1 << 8, time.time_ns(), version)
+def _header(length: int, crc: int, outcome: int, version: int, depth1: int, kind: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, length, crc, outcome | depth1 << 8 | kind << 16, time.time_ns(), version)
 
 
 class _Progress:
@@ -207,10 +219,11 @@ class Producer:
     def spilled(self) -> bool:
         return self.progress.spill_at is not None
 
-    def finish(self, keep: bool) -> bool:
-        """Write the header; publish a kept entry as NAME, unlink the rest.
-        Git's depth-1 answer is not published over a wide one already there
-        (a pre-warm that ended first). True when published."""
+    def finish(self, keep: bool, kind: int = 0) -> bool:
+        """Write the header (KIND: what made the answer); publish a kept entry
+        as NAME, unlink the rest. Git's depth-1 answer is not published over
+        a wide one already there (a pre-warm that ended first). True when
+        published."""
         if self.spilled:
             self._close()
             return False
@@ -219,7 +232,7 @@ class Producer:
             keep = False
         outcome = KEPT if keep else DISCARDED
         try:
-            os.pwrite(self.fd, _header(self.length, self.crc, outcome, self.version, self.depth1), 0)
+            os.pwrite(self.fd, _header(self.length, self.crc, outcome, self.version, self.depth1, kind), 0)
         except OSError:
             self.abandon()
             raise
@@ -356,11 +369,13 @@ class EntryFile:
     """A complete, verified entry opened for sending: a real file (sendfile
     works on it) positioned at the body; `length` bytes follow."""
 
-    def __init__(self, file, length: int, path: str, depth1: int = 0):
+    def __init__(self, file, length: int, path: str, depth1: int = 0, kind: int = 0, ino: int = 0):
         self.file = file
         self.length = length
         self.path = path
         self.depth1 = depth1
+        self.kind = kind
+        self.ino = ino
 
 
 _verified: dict[tuple, bool] = {}
@@ -400,7 +415,7 @@ def open_complete(directory: str, name: str) -> Optional[EntryFile]:
             remove_if_same(path, st.st_ino)
             return None
         f.seek(HEADER_SIZE)
-        return EntryFile(f, header.length, path, header.depth1)
+        return EntryFile(f, header.length, path, header.depth1, header.kind, st.st_ino)
     except OSError:
         f.close()
         return None
@@ -468,7 +483,7 @@ def mark_stock_kept(path: str) -> bool:
         header = Header.read(fd)
         if header is None or header.outcome != KEPT or header.depth1 != DEPTH1_STOCK:
             return False
-        os.pwrite(fd, struct.pack(">I", KEPT | DEPTH1_STOCK_KEPT << 8), _OUTCOME_AT)
+        os.pwrite(fd, struct.pack(">I", KEPT | DEPTH1_STOCK_KEPT << 8 | header.kind << 16), _OUTCOME_AT)
         return True
     except OSError:
         return False

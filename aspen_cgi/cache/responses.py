@@ -102,15 +102,27 @@ def _make_room(s: Settings, need: int) -> bool:
     return removed > 0
 
 
+@dataclass(frozen=True)
+class Judge:
+    """What the request says of its answers: KIND() after the computation,
+    what made it (entries.PLANNED, GIT, GIT_UNBUILT, or 0), kept in the
+    entry; BETTER(), asked of a `git-unbuilt` entry, whether the packs it
+    lacked are built now (then the entry is dropped and the answer computed
+    again); SUPERSEDED() is called when that happens."""
+    kind: Callable[[], int]
+    better: Callable[[], bool]
+    superseded: Callable[[], None] = lambda: None
+
+
 def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
-           interim: Optional[Callable[[], None]] = None) -> Answer:
+           interim: Optional[Callable[[], None]] = None, judge: Optional[Judge] = None) -> Answer:
     try:
         make_dir(s)
     except OSError:
         return _uncached(s, compute)
     name = key.name
     for _ in range(3):
-        hit = _complete(s, name, "hit", interim)
+        hit = _complete(s, name, "hit", interim, judge)
         if hit is not None:
             return hit
         follower = Follower.open(s.directory, name)
@@ -122,7 +134,7 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
             # by a full disk there, which this process could not make good.
             follower.wait_end()
             follower.close()
-            hit = _complete(s, name, "shared", interim)
+            hit = _complete(s, name, "shared", interim, judge)
             if hit is not None:
                 return hit
             continue
@@ -142,7 +154,7 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
             break
         producer.make_room = lambda need: _make_room(s, need)
         follower = Follower(fd, producer.part, producer.progress)
-        threading.Thread(target=_produce, args=(s, producer, compute, interim),
+        threading.Thread(target=_produce, args=(s, producer, compute, interim, judge),
                          name="aspen-cache-producer").start()
         return Answer("cold", _followed(s, follower, "cold", compute, log))
     return _uncached(s, compute)
@@ -159,11 +171,19 @@ def replay_effects(s: Settings, hit: EntryFile) -> list[tuple[str, str, str]]:
     return [("append", os.path.join(s.directory, stats.LOG), f"hit {int(hit.length)}\n"), ("atime", hit.path, "")]
 
 
-def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], None]] = None) -> Optional[Answer]:
+def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], None]] = None,
+              judge: Optional[Judge] = None) -> Optional[Answer]:
     """NAME's complete entry as an answer marked MARK, counted and touched; or
-    None. An entry still interim calls INTERIM."""
+    None. An entry still interim calls INTERIM. A `git-unbuilt` entry whose
+    packs JUDGE finds built now is removed: None."""
     hit = entries.open_complete(s.directory, name)
     if hit is None:
+        return None
+    if hit.kind == entries.GIT_UNBUILT and judge is not None and judge.better():
+        hit.file.close()
+        entries.remove_if_same(hit.path, hit.ino)
+        stats.record(s.directory, "superseded", hit.length)
+        judge.superseded()
         return None
     entries.touch(hit.path)
     stats.record(s.directory, mark, hit.length)
@@ -220,7 +240,7 @@ def _followed(s: Settings, follower: Follower, mark: str, compute: Compute, log:
 
 
 def _produce(s: Settings, producer: Producer, compute: Compute,
-             interim: Optional[Callable[[], None]] = None) -> None:
+             interim: Optional[Callable[[], None]] = None, judge: Optional[Judge] = None) -> None:
     body = None
     published = False
     try:
@@ -235,7 +255,7 @@ def _produce(s: Settings, producer: Producer, compute: Compute,
             if removed:
                 stats.record(s.directory, "evicted", freed)
             evict.sweep_parts(s.directory)
-        published = producer.finish(keep)
+        published = producer.finish(keep, judge.kind() if judge is not None else 0)
     except BaseException as e:   # the thread's end: followers learn of it from the entry
         producer.progress.error = e
         producer.abandon()

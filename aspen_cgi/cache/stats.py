@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass, field
 
 EVENTS = ("hit", "shared", "cold", "uncached", "prewarm", "evicted", "overloaded", "abandoned",
-          "depth1_wide", "depth1_kept")      # depth-1 entries made wide in the background, or kept git's
+          "depth1_wide", "depth1_kept",      # depth-1 entries made wide in the background, or kept git's
+          "superseded")                      # git's answers dropped once the stored packs could answer
 LOG, TOTALS, LOCK = "events.log", "totals.json", "stats.mutex"
 FOLD_AT = 1 << 20
 

@@ -332,15 +332,40 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
             return _prewarmed(ctx, wide.build(job, wait=True, log=ctx.log.append),
                               lambda: _cached(ctx, settings, responses.answer(
                                   settings, key, lambda: compute(ctx, req, data), ctx.log, interim)))
-    return _cached(ctx, settings, responses.answer(settings, key, lambda: compute(ctx, req, data), ctx.log, interim))
+    return _cached(ctx, settings, responses.answer(settings, key, lambda: compute(ctx, req, data), ctx.log, interim,
+                                                   _judge(ctx)))
+
+
+def _judge(ctx):
+    """What the cache keeps of this request's answer (what made it) and when
+    git's answer made while packs were unbuilt gives way to a planned one."""
+    from ..cache import entries  # startup
+    from ..cache.responses import Judge  # startup
+
+    def kind() -> int:
+        plan, why = ctx.trace.get("plan"), ctx.trace.get("why")
+        if plan == "planned":
+            return entries.PLANNED
+        return entries.GIT_UNBUILT if why == "not-built" else entries.GIT if plan == "fallback" else 0
+
+    def better() -> bool:
+        store = ctx.refstore()
+        return store is not None and store.all_packs_built()
+
+    def superseded() -> None:
+        ctx.trace["entry"] = "superseded"
+    return Judge(kind, better, superseded)
 
 
 def _cached(ctx, settings, answer) -> Iterable[bytes]:
     from ..cache import responses  # startup
     ctx.trace["cache"] = answer.mark
     if isinstance(answer.body, responses.EntryFile):
-        from ..cache.entries import DEPTH1_LABELS, DEPTH1_STOCK  # startup
-        if answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK and _replayable(ctx):
+        from ..cache.entries import DEPTH1_LABELS, DEPTH1_STOCK, GIT_UNBUILT, KIND_LABELS  # startup
+        if answer.body.kind:
+            ctx.trace["entry"] = KIND_LABELS[answer.body.kind]
+        if (answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK and answer.body.kind != GIT_UNBUILT
+                and _replayable(ctx)):
             # http/replay.py: the same request, refs and settings get this entry again
             effects = responses.replay_effects(settings, answer.body)
             if "depth1" in ctx.trace:

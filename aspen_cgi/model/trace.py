@@ -20,6 +20,8 @@ FIELDS = {
     # the response cache and depth-1 clones
     "cache": "hit, shared, cold, prewarm, overloaded, ...",
     "depth1": "a depth-1 clone's answer: stock or wide",
+    "entry": "what made the cache entry served: planned, git, git-unbuilt (git's while packs were unbuilt);"
+             " superseded: such an entry was dropped, the packs being built now, and the answer computed again",
     "queued_ms": "how long admission queued the cold computation",
     "replayable": "the answer may be recorded for the CGI program's replay",
     "replay_file": "the cache entry a recorded answer is sent from",
