@@ -37,10 +37,11 @@ class Measurement:
 @dataclass
 class TargetInfo:
     """What a workload needs to know about a running target."""
-    name: str                 # "aspen", "aspen-packs", "aspen-git", "stock", "stock-apache", or a user-given name
+    name: str                 # "aspen", "aspen-packs", "aspen-git", "stock", "stock-maintained", "stock-apache", or a user-given name
     url: str                  # base URL through the counting proxy, e.g. http://127.0.0.1:PORT
     root: Optional[Path]      # directory of repositories it serves (None for URL targets)
     pids: list = field(default_factory=list)   # server process ids whose CPU/RSS we may read (tree roots)
     can_push: bool = True
     plan_log: Optional[Path] = None             # Aspen's log with per-request lines, when known
     version_packs: bool = False                 # builds version packs after pushes (aspen, aspen-packs)
+    setup: dict = field(default_factory=dict)   # untimed preparation figures (stock-maintained: repack_s)

@@ -35,7 +35,8 @@ MACHINE = "machine.json"
 TABLES = "tables.md"
 
 # Ratio columns come first, in this order when present; other comparable metrics follow.
-KEY_METRICS = ("wall_ms", "bytes", "pack_bytes", "exchange_bytes", "p50_ms", "p90_ms", "p99_ms",
+KEY_METRICS = ("wall_ms", "wall_p50_ms", "wall_p99_ms", "wall_max_ms", "bytes", "pack_bytes", "exchange_bytes",
+               "p50_ms", "p90_ms", "p99_ms",
                "req_per_s", "push_p50_ms", "push_p99_ms", "pushes_per_s", "visible_p50_ms", "visible_p99_ms",
                "cpu_s", "server_cpu_s", "peak_rss_bytes", "server_peak_rss_bytes", "rss_bytes")
 # Metrics where a bigger number is better (a ratio below 1 is a loss).
@@ -60,11 +61,14 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             "extents", "serve_ms", "packs_wait_ms", "packs_settled", "packs_pending", "pack_files", "packs_bytes",
             "segment_packs",
             "plan_share_v0", "plan_share_v1", "plan_share_v2", "fetches_v0", "fetches_v1", "fetches_v2",
-            "cpu_fetches", "cpu_failures", "history", "history_push_failures", "protocol")
+            "cpu_fetches", "cpu_failures", "history", "history_push_failures", "protocol",
+            # busy-repo: Aspen's waits for pack builds, the script's counts, stock-maintained's set-up
+            "build_waited", "build_wait_max_ms", "build_wait_over_50ms", "events", "events_skipped", "ops",
+            "burst_pushes", "push_failures", "behind_max", "repack_s", "repacked", "bytes_total")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
 WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
                   "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
-                  "lagging-clients")
+                  "lagging-clients", "busy-repo")
 BASELINE = "stock"
 SUBJECT = "aspen"          # the subject; every `aspen-*` target (aspen-packs, aspen-git) is one too
 
@@ -76,6 +80,26 @@ def is_subject(target: str) -> bool:
 
 def subjects(targets: Iterable[str]) -> list[str]:
     return [t for t in target_order(targets) if is_subject(t)]
+
+
+# Per-event ratios a workload computes itself (busy-repo): the distribution, over
+# the events both targets ran, of one Aspen target's wall time over one stock
+# target's for the same event. Metric `wall_ratio_<stock target>_<stat>` on the
+# Aspen target's row; shown first in its table, one column per stock target and stat.
+EVENT_RATIO = "wall_ratio_"
+EVENT_STATS = ("p50", "p99", "max")
+
+
+def event_ratio_metric(base: str, stat: str) -> str:
+    return f"{EVENT_RATIO}{base}_{stat}"
+
+
+def event_ratio(metric: str) -> Optional[tuple[str, str]]:
+    """(stock target, stat) of a per-event ratio metric, else None."""
+    if not metric.startswith(EVENT_RATIO):
+        return None
+    base, _, stat = metric[len(EVENT_RATIO):].rpartition("_")
+    return (base, stat) if base and stat in EVENT_STATS else None
 
 
 # ---------------------------------------------------------------- raw records
@@ -296,7 +320,7 @@ def workload_rank(name: str) -> tuple:
 
 
 def target_order(targets: Iterable[str]) -> list[str]:
-    first = {"aspen": 0, "stock": 2, "stock-apache": 3}
+    first = {"aspen": 0, "stock": 2, "stock-maintained": 3, "stock-apache": 3}
     return sorted(set(targets), key=lambda t: (first.get(t, 1 if is_subject(t) else 4), t))
 
 
@@ -432,7 +456,9 @@ ALWAYS = ("failures", "plan_share", "plan", "why", "fallbacks", "planning_us", "
           "segments_visited", "visits_total", "visits_bound", "store_visits_total", "query_us", "extents",
           "last_first",
           # lagging-clients: the per-fetch ratio to stock's same fetch (Aspen targets only)
-          "ratio_p50", "ratio_p99", "ratio_max", "over_2pct", "planned_ratio_max", "planned_over_2pct")
+          "ratio_p50", "ratio_p99", "ratio_max", "over_2pct", "planned_ratio_max", "planned_over_2pct",
+          # busy-repo: fetches that waited for a pack build, and the longest wait
+          "build_waited", "build_wait_max_ms")
 
 
 def _rows(by_params) -> list[tuple]:
@@ -466,12 +492,17 @@ def workload_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> st
     absolute = first + [m for m in always if m in all_metrics and m not in first]
     present = {(m, t) for cells in by_params.values() for t, c in cells.items() for m in c.metrics}
     columns = [(m, t) for m in absolute for t in targets if (m, t) in present]
-    head = (["params"] + [f"{short(m)} {subject}/{base}" for m, subject in ratios]
+    per_event = _event_columns(targets, present)
+    head = (["params"] + [f"event wall {event_ratio(m)[1]} {t}/{event_ratio(m)[0]}" for m, t in per_event]
+            + [f"{short(m)} {subject}/{base}" for m, subject in ratios]
             + [f"{short(m)} {t}" for m, t in columns])
     rows = []
     for pk in _rows(by_params):
         cells = by_params[pk]
         row = [params_label({k: json.loads(v) for k, v in pk})]
+        for m, t in per_event:
+            c = cells.get(t)
+            row.append(fmt_ratio(_num(c.metrics.get(m)) if c else None))
         for m, subject in ratios:
             a, b = cells.get(subject), cells.get(base)
             row.append(fmt_ratio(ratio(a.metrics.get(m) if a else None, b.metrics.get(m) if b else None)))
@@ -482,6 +513,16 @@ def workload_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> st
     return _table(head, rows)
 
 
+def _event_columns(targets: list[str], present: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(per-event ratio metric, Aspen target) columns: by Aspen target, then stock
+    target in target order, then p50, p99, max."""
+    metrics = {m for m, _ in present if event_ratio(m)}
+    rank = {t: i for i, t in enumerate(targets)}
+    ordered_metrics = sorted(metrics, key=lambda m: (rank.get(event_ratio(m)[0], len(rank)), event_ratio(m)[0],
+                                                     EVENT_STATS.index(event_ratio(m)[1])))
+    return [(m, t) for t in subjects(targets) for m in ordered_metrics if (m, t) in present]
+
+
 def details_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> str:
     """Every other metric, one row per (params, target); empty when there is none."""
     targets = target_order({t for cells in by_params.values() for t in cells})
@@ -489,7 +530,7 @@ def details_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> str
     for cells in by_params.values():
         for c in cells.values():
             all_metrics |= set(c.metrics)
-    main = set(ratio_metrics(all_metrics)) | set(ALWAYS)
+    main = set(ratio_metrics(all_metrics)) | set(ALWAYS) | {m for m in all_metrics if event_ratio(m)}
     if "fallbacks" in all_metrics:
         main.discard("why")
     rest = sorted(m for m in all_metrics if m not in main)
@@ -698,6 +739,9 @@ def write_plots(measurements: list[Measurement], folder: Path) -> list[PlotResul
         try:
             if wl in STORMS or wl.startswith("storm"):
                 out += plot_cdfs(wl, by_params, folder)
+            elif wl == "busy-repo":     # one CDF per request shape (the summary rows have no samples)
+                out += plot_cdfs(wl, {pk: cells for pk, cells in by_params.items()
+                                      if any(c.samples for c in cells.values())}, folder)
             elif wl == "stale-branch":
                 versions = plot_visits(wl, by_params, folder)
                 in_us = any("planning_us" in c.metrics for cells in by_params.values() for c in cells.values())

@@ -17,6 +17,10 @@ Target specs (the names `running()` takes):
                   every fetch is git's upload-pack;
 - `stock`         the same gunicorn serving stock `git http-backend` through
                   `bench.cgibridge:application`;
+- `stock-maintained` the same as `stock`, over a copy first repacked as a
+                  careful operator keeps it (`git repack -adf --window=250
+                  --depth=50 -b`, repack.writeBitmaps on): untimed, before
+                  the server starts (its seconds in TargetInfo.setup);
 - `stock-apache`  stock `git http-backend` as a CGI under Apache (mod_cgi),
                   served at /stock/ by the shipped apache/side-by-side.conf
                   (pushes with the bench's Basic password, in the URL),
@@ -63,13 +67,17 @@ from .model import TargetInfo
 from .proxy import CountingProxy
 
 PROJECT = Path(__file__).resolve().parent.parent
-BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-apache", "aspen-apache", "aspen-modwsgi",
-           "aspen-cluster1", "aspen-cluster3")
+BUILTIN = ("aspen", "aspen-packs", "aspen-git", "stock", "stock-maintained", "stock-apache", "aspen-apache",
+           "aspen-modwsgi", "aspen-cluster1", "aspen-cluster3")
 CLUSTER_TARGETS = {"aspen-cluster1": 1, "aspen-cluster3": 3}    # bench/cluster.py: nodes behind nginx
 APACHE_TARGETS = ("stock-apache", "aspen-apache", "aspen-modwsgi")
 APACHE_PATHS = {"stock-apache": "/stock", "aspen-apache": "/aspen", "aspen-modwsgi": "/git"}
 ASPEN_TARGETS = ("aspen", "aspen-packs", "aspen-git")     # gunicorn serving Aspen
 PACK_TARGETS = ("aspen", "aspen-packs", "aspen-apache", "aspen-modwsgi")     # ...that build version packs
+STOCK_TARGETS = ("stock", "stock-maintained")       # gunicorn serving stock through bench/cgibridge.py
+# What a careful operator runs (issue 40): every object in one pack, a wide
+# delta search, bitmaps for clones and fetches.
+MAINTAIN_REPACK = ("repack", "-adf", "--window=250", "--depth=50", "-b")
 
 _PUSH_ENV = {"GIT_HTTP_EXPORT_ALL": "1", "GIT_CONFIG_COUNT": "1",
              "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
@@ -307,6 +315,25 @@ def _apache(name: str, root: Path, workdir: Path, timeout: float,
     raise RuntimeError(f"{name}: no free port found in 20 tries")
 
 
+def maintain(root: Path) -> dict:
+    """Repack every repository under ROOT as a careful operator keeps it
+    (MAINTAIN_REPACK, with repack.writeBitmaps and pack.writeBitmapHashCache
+    set in its config, so that a later repack keeps bitmaps too). Runs before
+    the server starts: no measurement includes it. Returns repack_s (the
+    seconds it took) and repacked (repositories)."""
+    t0 = time.monotonic()
+    gitdirs = sorted(p.parent for p in Path(root).rglob("HEAD") if (p.parent / "objects").is_dir())
+    for gitdir in gitdirs:
+        for key in ("repack.writeBitmaps", "pack.writeBitmapHashCache"):
+            subprocess.run(["git", "config", key, "true"], cwd=str(gitdir), check=True)
+        r = subprocess.run(["git", *MAINTAIN_REPACK], cwd=str(gitdir), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if r.returncode:
+            raise RuntimeError(f"stock-maintained: git {' '.join(MAINTAIN_REPACK)} failed in {gitdir}: "
+                               f"{r.stderr.decode(errors='replace')[-500:]}")
+    return {"repack_s": round(time.monotonic() - t0, 2), "repacked": len(gitdirs)}
+
+
 def answers(url: str) -> bool:
     """Does anything speak HTTP at URL (any status)?"""
     try:
@@ -408,6 +435,7 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
     tdir = Path(workdir) / name
     tdir.mkdir(parents=True, exist_ok=True)
     scratch: Optional[Path] = None
+    setup: dict = {}
     if name in APACHE_TARGETS and os.geteuid() == 0 and not _reachable_by_others(tdir):
         # Apache's children (www-data) must reach the repositories: copy them where they can.
         scratch = Path(tempfile.mkdtemp(prefix="aspen-bench-apache-"))
@@ -436,7 +464,9 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         proc, port, log = _gunicorn(name, "aspen_cgi.wsgi:application", repos, tdir,
                                     {**extra, **(env or {})}, workers, threads, timeout,
                                     unset=("ASPEN_VERSION_PACKS",))
-    elif name == "stock":
+    elif name in STOCK_TARGETS:
+        if name == "stock-maintained":
+            setup.update(maintain(Path(repos)))
         proc, port, log = _gunicorn(name, "bench.cgibridge:application", repos, tdir,
                                     {"ASPEN_BENCH_CGI": STOCK, **(env or {})}, workers, threads, timeout)
     else:
@@ -460,7 +490,7 @@ def start_target(spec: str, root: Optional[Path], workdir: Path, *, workers: int
         pids.append(ResidentPids(Path(repos).parent / "run"))    # aspen-cgi's resident leaves Apache's tree
     info = TargetInfo(name=name, url=url, root=repos, pids=pids,
                       plan_log=log if name in ASPEN_TARGETS + ("aspen-apache", "aspen-modwsgi") else None,
-                      version_packs=name in PACK_TARGETS)
+                      version_packs=name in PACK_TARGETS, setup=setup)
     return Target(info, proxy, proc, log, scratch=scratch)
 
 

@@ -288,3 +288,91 @@ def test_random_fetch_counts_fetches_over_the_visits_bound_of_their_history():
     assert (got["visits_over_bound"], got["extents_over_bound"]) == (1, 1)
     assert got["visits_p99"] > 10
     assert visit_bounds([{"plan": "planned"}]) == {}
+
+
+def test_busy_repo_script_mix_and_ratio_columns():
+    """busy-repo's pure parts: the seeded script deals every shape of the mix,
+    per-event ratios and their table columns, and the refs check's trunk window."""
+    from bench import results
+    from bench.model import Measurement
+    from bench.workloads import busy, busysummary
+    sizes = busy.Sizes.of(WorkloadContext(targets=[], quick=True, params={}))
+    a = busy.script(sizes, ["aspen", "stock"])
+    assert a == busy.script(sizes, ["aspen", "stock"]) and a
+    assert {e.shape for e in a[:12]} == set(busy.SHAPES)          # one deck of the default mix
+    assert all(sorted(e.order) == ["aspen", "stock"] for e in a) and all(e.at < sizes.seconds for e in a)
+    assert busy.parse_mix("info-refs=2,full-clone=0") == {"info-refs": 2}
+    with pytest.raises(ValueError):
+        busy.parse_mix("clone=1")
+    with pytest.raises(ValueError):
+        busy.parse_burst_mode("sometimes")
+    got = busysummary.event_ratios({1: 10.0, 2: 30.0, 3: 5.0}, {1: 10.0, 2: 10.0}, "stock-maintained")
+    assert got == {"wall_ratio_stock-maintained_p50": 2.0, "wall_ratio_stock-maintained_p99": 2.98,
+                   "wall_ratio_stock-maintained_max": 3.0}
+    assert results.event_ratio("wall_ratio_stock-maintained_p99") == ("stock-maintained", "p99")
+    assert results.event_ratio("wall_ratio_p50") is None and busysummary.bases(["aspen", "stock"]) == ["stock"]
+    assert busysummary.bases(["aspen", "stock-maintained", "stock"]) == ["stock", "stock-maintained"]
+    table = results.render_tables([Measurement("busy-repo", "aspen", {"shape": "push"}, {"wall_p50_ms": 2.0, **got}),
+                                   Measurement("busy-repo", "stock", {"shape": "push"}, {"wall_p50_ms": 1.0})])
+    head = next(line for line in table.splitlines() if line.startswith("| params"))
+    assert head.startswith("| params | event wall p50 aspen/stock-maintained | event wall p99 aspen/stock-maintained |")
+    assert "wall p50 aspen/stock" in head
+    static = {"refs/heads/x": "1" * 40}
+    assert busy._compare({"refs/heads/main": "a", **static}, static, "refs/heads/main", {"a", "b"}) == ""
+    assert "no value" in busy._compare({"refs/heads/main": "c", **static}, static, "refs/heads/main", {"a"})
+    assert "refs differ" in busy._compare({"refs/heads/main": "a"}, static, "refs/heads/main", {"a"})
+
+
+def test_busy_repo_end_to_end(tmp_path):
+    """busy-repo at its quick sizes against aspen (the defaults), stock and
+    stock-maintained (its copy repacked into one pack with a bitmap before it
+    starts): a row per request shape, pushes and the whole script on every
+    target, every operation verified, Aspen's per-event wall ratios to both
+    stock targets, and the records and table written by the results machinery."""
+    from bench import results, targets
+    from bench.machine import MachineInfo
+    from bench.workloads.busy import SHAPES
+    root = tmp_path / "root"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
+    names = ["aspen", "stock", "stock-maintained"]
+    with targets.running_targets(names, root, tmp_path / "servers", env={"ASPEN_CACHE": "on"}) as started:
+        infos = [t.info for t in started]
+        maintained = next(i for i in infos if i.name == "stock-maintained")
+        packs = sorted(p.suffix for p in (maintained.root / "bench.git" / "objects" / "pack").iterdir())
+        assert packs.count(".pack") == 1 and ".bitmap" in packs and maintained.setup["repack_s"] >= 0
+        ctx = WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
+                              roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
+                              params={}, procs={i.name: list(i.pids) for i in infos})
+        rows = WORKLOADS["busy-repo"](ctx)
+    by = {(r.params["shape"], r.target): r for r in rows}
+    assert set(by) == {(s, t) for s in (*SHAPES, "push", "all") for t in names}
+    for (shape, t), r in by.items():
+        m = r.metrics
+        assert m["failures"] == 0, (shape, t, r.notes)
+        if shape == "all":
+            assert m["ops"] > 0 and m["pushes"] > 0 and m["push_failures"] == 0 and m["server_cpu_s"] > 0
+            continue
+        assert m["wall_p50_ms"] > 0 and m["wall_p99_ms"] >= m["wall_p50_ms"] and m["wall_max_ms"] >= m["wall_p99_ms"]
+        assert r.samples
+        if shape == "push":
+            assert m["pushes"] == by[("all", t)].metrics["pushes"] and m["burst_pushes"] > 0
+            continue
+        assert m["ops"] > 0 and m["bytes"] > 0
+        assert all(op["ok"] and op["verified"] for op in r.extra["ops"]), r.extra["ops"]
+    for shape in (*SHAPES, "push"):
+        a = by[(shape, "aspen")].metrics
+        for base in ("stock", "stock-maintained"):
+            assert a[f"wall_ratio_{base}_p50"] > 0 and a[f"wall_ratio_{base}_max"] >= a[f"wall_ratio_{base}_p99"]
+        assert "wall_ratio_stock_p50" not in by[(shape, "stock")].metrics
+    # every target got the same pushes, and the ops of one event the same shape
+    assert len({by[("all", t)].metrics["pushes"] for t in names}) == 1
+    clones = by[("full-clone", "aspen")].metrics          # Aspen's trace: every clone planned, fallback or untraced
+    assert sum(clones.get(k, 0) for k in ("planned", "fallback", "untraced")) == clones["ops"]
+    w = results.ResultsWriter(tmp_path / "res", MachineInfo())
+    w.add(rows)
+    loaded = [r.m for r in results.load(tmp_path / "res").rows]
+    assert len(loaded) == len(rows)
+    table = results.render_tables(loaded)
+    assert "## busy-repo" in table and "event wall p99 aspen/stock-maintained" in table
+    assert "| shape=fetch-stale |" in table

@@ -11,6 +11,9 @@ clients 16 [4], fetches 200 [20] and protocols "0,2" and wait_packs 1 for
 random-fetch (lagging-clients: fetches 120 [12], branches 4 [3], behind
 "1,2,5,10,20,50" ["1,3,10"], pushes_between 3, time_limit 3600 [600]), refs
 5000 [500] for ref-advertisement, history 1000 [50] for history-clone,
+busy-repo's seconds 180 [30], burst 100 [20], burst_every 90 [20], first_burst
+15 [5], push_rate 1, event_gap 2 [1], events 200 [40], concurrency 2, mix,
+stale_back 100 [10], max_pushes 1000 [300], fsck 1, max_pending 60,
 cpu_fetches 4 [2] for warm-fetch, packs_timeout (seconds a version-packs
 target is given to build its packs: 600 after one push, 1800 after
 histories), seed 1, protocol 2 (or 0).
@@ -29,13 +32,13 @@ version packs (aspen, aspen-packs) add `packs_wait_ms` (and `pack_files`,
 """
 
 from .base import WORKLOADS, Workload, WorkloadContext, register
-from . import adverts, clones, fetches, lagging, memory, pushes, randomfetch, storms  # each registers its own
+from . import adverts, busy, clones, fetches, lagging, memory, pushes, randomfetch, storms  # each registers its own
 
-_FAMILIES = (adverts, clones, fetches, lagging, memory, pushes, randomfetch, storms)
+_FAMILIES = (adverts, busy, clones, fetches, lagging, memory, pushes, randomfetch, storms)
 
 ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
          "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
-         "lagging-clients"]
+         "lagging-clients", "busy-repo"]
 _ordered = {n: WORKLOADS[n] for n in ORDER if n in WORKLOADS}
 _ordered.update(WORKLOADS)   # any later-registered names keep their place after these
 WORKLOADS.clear()
