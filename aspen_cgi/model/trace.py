@@ -49,6 +49,8 @@ FIELDS = {
     "push": "ok=N,ng=M: the push's ref results",
     "proc_receive": "the proc-receive hook's outcome: ok or failed",
     "pushed_versions": "ref-store versions the push made",
+    "adopted": "yes or no, and the time: every version had its pack when the push was reported (its client's"
+               " pack adopted, packs/background.adopt_now)",
 }
 
 

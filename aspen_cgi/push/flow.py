@@ -11,6 +11,7 @@ stream of response chunks."""
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Generator, Iterator, Optional
@@ -227,7 +228,9 @@ class Push:
         from ..packs import background     # startup: pushes without a store never load the builder
         store = self.ctx.refstore()
         if store is not None:
-            background.adopt_now(store)
+            t0 = time.perf_counter()
+            adopted = background.adopt_now(store)
+            self.ctx.trace["adopted"] = f"{'yes' if adopted else 'no'},{(time.perf_counter() - t0) * 1000:.1f}ms"
 
     def _background_work(self) -> None:
         """After a push landed: its version pack (when built), then the jobs
