@@ -192,6 +192,7 @@ class OpRow:
     plan: Optional[str] = None
     why: Optional[str] = None
     build_wait_ms: Optional[float] = None
+    cache: Optional[str] = None     # Aspen's response cache on the last response (hit, shared, cold, ...)
     error: str = ""
 
     def as_dict(self) -> dict:
@@ -542,6 +543,7 @@ class Busy:
             pm = plan_metrics(plan.lines)
             row.plan, row.why = pm.get("plan"), pm.get("why")
             row.build_wait_ms = build_wait(plan.lines)
+            row.cache = cache_mark(plan.lines)
             with self.lock:
                 self.plans[(ev.i, t.name)] = pm
         if not r.ok:
@@ -627,6 +629,16 @@ def build_wait(lines: list[dict]) -> Optional[float]:
                 if k in d and isinstance(d[k], (int, float)) and not isinstance(d[k], bool)]
         if vals:
             return round(float(sum(vals)), 1)
+    return None
+
+
+def cache_mark(lines: list[dict]) -> Optional[str]:
+    """The response cache's mark (`cache=`) on the operation's last fetch response
+    (its plan line, else its access line); None when none says."""
+    for pick in (lambda d: d.get("_json"), lambda d: not d.get("_json")):
+        marks = [str(d["cache"]) for d in lines if pick(d) and d.get("cache") is not None]
+        if marks:
+            return marks[-1]
     return None
 
 

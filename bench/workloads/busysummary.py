@@ -11,7 +11,9 @@ on each Aspen target, the distribution of the per-event wall ratios to
 each stock target B present (the same event's wall on the Aspen target over
 its wall on B): `wall_ratio_B_p50`, `wall_ratio_B_p99`, `wall_ratio_B_max`
 (`results.event_ratio_metric`); on targets with a plan trace `plan_share`,
-`planned`, `fallback`, `fallbacks` (why=count), and, when Aspen's trace has
+`planned`, `fallback`, `fallbacks` (why=count), `untraced` (no plan line:
+nothing fetched, or a response cache hit), `cache_<mark>` (operations whose
+last response the cache marked hit, shared, cold, ...), and, when Aspen's trace has
 a build-wait key (`build_wait_ms`), `build_waited` (operations that waited
 for a pack build at all), `build_wait_max_ms` and `build_wait_over_50ms`.
 Pushes: the same wall figures and per-push ratios. Summary: `server_cpu_s`
@@ -108,6 +110,9 @@ def summarise(ctx: WorkloadContext, sizes: "Sizes", events: list["Event"], busy:
                 for r in ok:
                     plans.add(busy.plans.get((r.event, t.name), {}))
                 m.update({k: v for k, v in plans.summary().items() if k in PLAN_KEYS})
+                for r in ok:        # cache hits leave no plan=: they are `untraced` above
+                    if r.cache:
+                        m[f"cache_{r.cache}"] = m.get(f"cache_{r.cache}", 0) + 1
                 if waits_traced.get(t.name):     # the key is written only by fetches that found packs unbuilt
                     waits = [r.build_wait_ms or 0.0 for r in mine]
                     m["build_waited"] = sum(1 for w in waits if w > 0)
