@@ -309,7 +309,8 @@ def _built_now(rep) -> str:
     seg_objects = sum(p.objects for _, p in rep.segments if p)
     seg_size = sum(p.size for _, p in rep.segments if p)
     return (f"{len(rep.versions)} version packs built now ({objects} objects, {size} bytes); "
-            f"{len(rep.segments)} segment packs built now ({seg_objects} objects, {seg_size} bytes)")
+            f"{len(rep.segments)} segment packs built now ({seg_objects} objects, {seg_size} bytes)"
+            + ("; the import's pack built again with the wide search" if rep.widened else ""))
 
 
 def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bool = True):
@@ -325,10 +326,11 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
     def slot_wait(n: int) -> None:
         say(f"aspen: waiting for a build slot ({n} builds already run on this machine; {BUILDS_ENV})")
     while True:
-        rep = background.build(store, search, on_version, on_segment, on_wait_slot=slot_wait)
+        rep = background.build(store, search, on_version, on_segment, on_wait_slot=slot_wait, quick_first=False)
         total.versions += rep.versions
         total.segments += rep.segments
         total.pruned += rep.pruned
+        total.widened = total.widened or rep.widened
         if rep.gone or not rep.busy:
             total.gone = rep.gone
             return total

@@ -138,10 +138,12 @@ def processes() -> list[Proc]:
 
 
 def build_gits(under: Path, procs: Optional[list] = None) -> list[Proc]:
-    """The running pack-objects of builds (wide window) in repositories under UNDER."""
+    """The running pack-objects of builds' wide searches (the import's pack built again
+    once the repository is quiet: seconds here) in repositories under UNDER."""
     return [p for p in (processes() if procs is None else procs)
             if p.argv and os.path.basename(p.argv[0]) == "git" and "pack-objects" in p.argv
-            and any(a.startswith("--window=") for a in p.argv) and p.cwd.startswith(str(under))
+            and "--no-reuse-delta" in p.argv and any(a.startswith("--window=") for a in p.argv)
+            and p.cwd.startswith(str(under))
             and p.state not in ("Z", "X")]
 
 
@@ -415,7 +417,7 @@ def test_aspen_import_builds_what_a_killed_builder_left(tmp_path):
     try:
         assert wait_for(lambda: imp.poll() is None and alive(builder), 1)
         time.sleep(1.0)
-        os.kill(builder, signal.SIGKILL)                  # the builder dies mid-build
+        os.kill(builder, signal.SIGKILL)                  # the builder dies mid-build (the import's wide search)
         assert wait_for(lambda: not alive(git.pid), 10), "the killed builder's git lived on"
         out, err = imp.communicate(timeout=200)
     finally:
@@ -423,7 +425,7 @@ def test_aspen_import_builds_what_a_killed_builder_left(tmp_path):
             imp.kill()
     assert imp.returncode == 0, err
     assert f"(pid {builder}," in err, err
-    assert "1 version packs built now" in out, out
+    assert "the import's pack built again with the wide search" in out, out
     assert fully_built(repo, env)
     h.verify_ok(repo)
 
@@ -509,3 +511,38 @@ def test_a_background_git_whose_input_outlasts_its_first_poll_gets_all_of_it(tmp
     res = out[0]
     assert res.ok
     assert res.stdout.decode().strip() == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+# -- 5. the import's pack: git's own search first, the wide one once quiet --------------------------
+
+def test_the_import_is_packed_quickly_first_then_widened_in_place(tmp_path):
+    """A background build packs the import with git's own search (window 10,
+    deltas reused), so fetches are planned soon; once the repository is
+    quiet it builds the same objects again with the wide search and records
+    that pack in place (the store's identity for the caches changes with
+    it); the quick pack's files stay for fetches planned meanwhile.
+    `aspen import` by hand packs it wide at once."""
+    repo = big_repo(tmp_path / "big.git", commits=20, files=20)
+    env = env_for(tmp_path, ASPEN_COMPACT_QUIET_MS="0")
+    record(repo, env)
+
+    def run(quick_first: bool):
+        store = RefStore.open(str(repo), dict(env, GIT_DIR=str(repo)), create=False)
+        before = store.settled()[0]
+        rep = background.build(store, background.background_search(), quick_first=quick_first)
+        return rep, before, store.settled()[0], store.import_window(), store.version_pack(1)[0]
+    rep, before, after, window, (name, objects, size) = in_thread(lambda: run(True))
+    assert [v for v, _ in rep.versions] == [1] and rep.widened
+    assert window == background.background_search().window == 250
+    quick = rep.versions[0][1]
+    assert quick.objects == objects and quick.name != name and size <= quick.size
+    assert (repo / "aspen" / "packs" / f"pack-{quick.name}.pack").exists()     # swept an hour later
+    assert before[:2] == after[:2] and before[2] == "" and after[2] == name
+    assert fully_built(repo, env) and background.import_final(RefStore.open(str(repo), dict(env, GIT_DIR=str(repo))))
+    h.verify_ok(repo)
+    other = big_repo(tmp_path / "other.git", commits=5, files=5)
+    res = subprocess.run([ASPEN, "import", str(other)], env=env, capture_output=True, text=True, timeout=200)
+    assert res.returncode == 0, res.stderr
+    assert "1 version packs built now" in res.stdout and "built again" not in res.stdout, res.stdout
+    store = in_thread(lambda: RefStore.open(str(other), dict(env, GIT_DIR=str(other)), create=False).import_window())
+    assert store == 250

@@ -365,7 +365,7 @@ def _cached(ctx, settings, answer) -> Iterable[bytes]:
         if answer.body.kind:
             ctx.trace["entry"] = KIND_LABELS[answer.body.kind]
         if (answer.mark == "hit" and answer.body.depth1 != DEPTH1_STOCK and answer.body.kind != GIT_UNBUILT
-                and _replayable(ctx)):
+                and _import_final(ctx) and _replayable(ctx)):
             # http/replay.py: the same request, refs and settings get this entry again
             effects = responses.replay_effects(settings, answer.body)
             if "depth1" in ctx.trace:
@@ -380,6 +380,14 @@ def _cached(ctx, settings, answer) -> Iterable[bytes]:
                 del ctx.trace["depth1"]
         return FileBody(answer.body.file, answer.body.length)
     return answer.body
+
+
+def _import_final(ctx) -> bool:
+    """No replay is recorded while the import's pack waits to be built wide:
+    a recorded answer lasts while the refs do, and its cache key names the
+    import's pack (see _cache_key)."""
+    store = ctx.refstore()
+    return store is None or background.import_final(store)
 
 
 def _prewarmed(ctx, built: Iterator[bytes], otherwise) -> Iterator[bytes]:
@@ -408,6 +416,8 @@ def _cache_key(ctx, data: bytes):
     snap = _snapshot(ctx)
     refs_digest = _memo.get(snap, ("digest",), lambda: _digest(snap)).decode()
     extra = [f"{k}={v}" for k, v in sorted(ctx.env.items()) if k == "GIT_TEST_SIDEBAND_ALL"]   # GIT_CONFIG_*: in the entries
+    if store is not None:
+        extra.append(f"import={store.settled()[0][2]}")    # a planned answer gives way once the import is widened
     return fetch_key(ctx.gitdir, store.version if store is not None else 0, refs_digest, ctx.protocol_version,
                      ctx.namespace, ctx.config.entries, shallow_roots(ctx.gitdir), extra, data)
 

@@ -290,6 +290,8 @@ class BuildReport:
     busy: Optional[str] = None                       # the lock another builder held, when we left it to them
     busy_owner: Optional[str] = None                 # that builder ("host:pid:start")
     gone: bool = False                               # the repository went: stopped, nothing left behind
+    widened: bool = False                            # the import's pack was built again with the wide search
+    widen_tried: bool = False                        # ... tried once (git failed: say, gc pruned what it reached)
 
 
 Progress = Callable[[int, int, str], None]
@@ -318,11 +320,15 @@ class _BuildSlot:
 
 def build(store, search=None, on_version: Optional[Progress] = None,
           on_segment: Optional[Progress] = None, guard: Optional[RepoGuard] = None,
-          on_wait_slot: Optional[Callable[[int], None]] = None) -> BuildReport:
+          on_wait_slot: Optional[Callable[[int], None]] = None, quick_first: bool = True) -> BuildReport:
     """Build every missing version pack, then every missing segment pack, of
     STORE's repository, holding one of the machine's build slots while there
     is something to build (ON_WAIT_SLOT(n) when all n are taken). Stops with
-    `gone` set when the repository goes (GUARD, taken now if not given)."""
+    `gone` set when the repository goes (GUARD, taken now if not given).
+    QUICK_FIRST (background builds): version packs that are not their
+    client's, the import's included, with quick_search, so that fetches are
+    planned soon; the import's is then built again with SEARCH once the
+    repository is quiet. Without it (`aspen import` by hand), with SEARCH."""
     rep = BuildReport()
     try:
         guard = guard or RepoGuard(store.gitdir, os.path.dirname(store.path))
@@ -333,7 +339,7 @@ def build(store, search=None, on_version: Optional[Progress] = None,
         return rep
     slot = _BuildSlot(store.env, guard, on_wait_slot)
     try:
-        _build_all(store, search, on_version, on_segment, guard, slot, rep)
+        _build_all(store, search, on_version, on_segment, guard, slot, rep, quick_first)
     except RepositoryGone:
         rep.gone = True
     except Exception:
@@ -349,7 +355,7 @@ def build(store, search=None, on_version: Optional[Progress] = None,
 
 
 def _build_all(store, search, on_version: Optional[Progress], on_segment: Optional[Progress],
-               guard: RepoGuard, slot: _BuildSlot, rep: BuildReport) -> None:
+               guard: RepoGuard, slot: _BuildSlot, rep: BuildReport, quick_first: bool = True) -> None:
     """Version packs first (holding LOCK only while building them, so that each
     push adopts its client's pack itself: adopt_now), then the segment packs,
     holding SEGMENT_LOCK while the repository is not yet quiet and while each
@@ -376,14 +382,14 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                         break
                     slot.take()
                     batch = builder.build_packs(store, search, progress=lambda done, total, v: on_version and on_version(
-                        done, total, f"version {v}"), guard=guard, later=quick_search(search))
+                        done, total, f"version {v}"), guard=guard, later=quick_search(search) if quick_first else search)
                     rep.versions += batch
                     if not batch:
                         break
             finally:
                 vlock.release()
             guard.check()
-            todo = builder.segments_to_build(store)
+            todo = builder.segments_to_build(store) or _widen_todo(store, search, rep)
             if todo:
                 if slock is None:
                     slock = BuildLock(store.packs_dir, SEGMENT_LOCK, guard)
@@ -406,6 +412,11 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                     slot.take()
                     rep.segments.append(((lo, hi), builder.build_segment(store, lo, hi, search, guard)))
                     done_segments += 1
+                elif _widen_todo(store, search, rep):
+                    slot.take()
+                    widened = builder.widen_import(store, search, guard)
+                    rep.widened = widened is not None
+                    rep.widen_tried = True
                 rep.pruned += builder.prune_segments(store)
                 continue
             if slock is not None:
@@ -416,13 +427,30 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
             guard.check()
             rep.pruned += builder.prune_segments(store)
             builder.sweep_packs(store)
-            if store.all_packs_built() and not builder.segments_to_build(store):
+            if store.all_packs_built() and not builder.segments_to_build(store) and not _widen_todo(store, search, rep):
                 if on_segment:
                     on_segment(done_segments, done_segments, "")
                 return
     finally:
         if slock is not None:
             slock.release()
+
+
+def import_final(store) -> bool:
+    """The import's pack is as background builds leave it for good: built
+    with the wide search (or none, or not built yet). A planned answer made
+    before is recomputed once it is (the cache key names the import's pack)."""
+    from .versionpack import DeltaSearch  # startup
+    window = store.import_window()
+    return window is None or window >= DeltaSearch().window
+
+
+def _widen_todo(store, search, rep: BuildReport) -> list:
+    """["import"] when the import's pack was built with a narrower search than
+    SEARCH's (quick_search: clones are planned at once, at about stock's
+    bytes) and this build has not tried to widen it yet."""
+    from . import builder  # startup
+    return ["import"] if not rep.widen_tried and builder.import_to_widen(store, search) else []
 
 
 ADOPTER_HOLD = 2.0       # seconds a builder tries for LOCK, which a push's adopt_now holds for milliseconds

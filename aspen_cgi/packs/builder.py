@@ -40,10 +40,11 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
                 progress: Optional[Progress] = None, guard=None, adopt_only: bool = False,
                 later: Optional[DeltaSearch] = None) -> list[tuple[int, Optional[BuiltPack]]]:
     """Build STORE's version packs not built yet, oldest version first (the
-    import version's is the whole repository, with SEARCH); (version,
-    BuiltPack or None when it has no new values) of each. A later version's
-    pack is its client's pack when adopt() takes it, else built with LATER
-    (default SEARCH): the wide search is compaction's (segment packs).
+    import version's is the whole repository); (version, BuiltPack or None
+    when it has no new values) of each. A version's pack is its client's
+    pack when adopt() takes it, else built with LATER (default SEARCH): in
+    the background git's own search, the wide one being compaction's
+    (segment packs, widen_import).
     ADOPT_ONLY: stop, recording nothing more, at the first version whose
     pack would need git (no client's pack to adopt, or none adopt() takes,
     or no listing of the push's walk for its boundary).
@@ -81,7 +82,7 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
                 # only it reached is gone, so this version's pack is made against the values left
                 before = _present(store, before)
                 b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
-        how = search if vid == 1 else later
+        how = later
         built = None
         if tips and sent is not None:
             objects = objects or vp.RepoObjects(store.gitdir, store.env)
@@ -105,6 +106,39 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
     if progress:
         progress(len(todo), len(todo), todo[-1])
     return out
+
+
+def import_to_widen(store: RefStore, search: DeltaSearch) -> bool:
+    """The import version's pack was built with a narrower delta search than SEARCH."""
+    window = store.import_window()
+    return window is not None and window < search.window
+
+
+def widen_import(store: RefStore, search: DeltaSearch, guard=None) -> Optional[BuiltPack]:
+    """Build the import version's pack again with SEARCH (the same objects:
+    its values, no boundary) and record it in place of the old one, which
+    sweep_packs removes an hour later (fetches planned meanwhile still read
+    it). None when git cannot (gc pruned what a value reached) or the new
+    pack does not hold the same number of objects: the old one stays."""
+    old = store.version_pack(1)
+    if old is None:
+        return None
+    (name, objects, _size), _boundary = old
+    tips = [u.new for u in store.version_updates(1) if not is_null(u.new)]
+    if not tips:
+        return None
+    try:
+        built = vp.build(store.gitdir, store.env, tips, (), store.packs_dir, search, guard)
+    except vp.BuildError:
+        return None
+    if built.name == name:
+        return None
+    if built.objects != objects:
+        _unlink(built.pack)
+        _unlink(built.idx)
+        return None
+    store.widen_import(built, search)
+    return built
 
 
 def segments_to_build(store: RefStore) -> list[tuple[int, int]]:

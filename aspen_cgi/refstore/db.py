@@ -1095,6 +1095,19 @@ def version_pack(conn: Conn, version: int) -> Optional[tuple[str, int, int]]:
     return conn.execute("SELECT name, objects, size FROM version_packs WHERE version = ?", (version,)).fetchone()
 
 
+def version_pack_window(conn: Conn, version: int) -> Optional[tuple[str, int]]:
+    """(name, delta window) of VERSION's pack, if built."""
+    return conn.execute("SELECT name, \"window\" FROM version_packs WHERE version = ?", (version,)).fetchone()
+
+
+def replace_pack(conn: Conn, version: int, name: str, objects: int, size: int, at: float,
+                 window: int, depth: int, compression: int) -> None:
+    """VERSION's pack is now NAME (the same objects, searched wider); its other records stay."""
+    conn.execute("UPDATE version_packs SET name = ?, objects = ?, size = ?, built_at = ?, \"window\" = ?,"
+                 " depth = ?, compression = ? WHERE version = ?",
+                 (name, objects, size, at, window, depth, compression, version))
+
+
 def built_records(conn: Conn, lo: int, hi: int) -> dict[int, tuple[str, list[str], list[str], list[str], list[str]]]:
     """Each version LO … HI that has its pack -> (pack name, boundary, refs
     updated, values written, commits introduced), each list as the

@@ -1033,11 +1033,25 @@ class RefStore:
     def latest(self) -> int:
         return db.latest_version(self.conn)
 
-    def settled(self) -> tuple[tuple[str, float], int]:
-        """identity(), and the highest version V such that every version up to
-        V is done and has its pack: the records of those never change."""
+    def settled(self) -> tuple[tuple[str, float, str], int]:
+        """identity() with the import's pack, and the highest version V such
+        that every version up to V is done and has its pack: the records of
+        those never change, but for the import's pack, built again with the
+        wide search once (`widen_import`): then the caches of what settled
+        versions say start anew."""
         with db.reading(self.conn) as conn:
-            return (self.path, db.first_version_at(conn)), db.packed_through(conn)
+            first = db.version_pack_window(conn, 1)
+            return (self.path, db.first_version_at(conn), first[0] if first else ""), db.packed_through(conn)
+
+    def import_window(self) -> Optional[int]:
+        """The delta window the import version's pack was built with; None when not built or none (no values)."""
+        row = db.version_pack_window(self.conn, 1)
+        return row[1] if row and row[0] else None
+
+    def widen_import(self, built: PackFacts, how: SearchFacts) -> None:
+        """The import version's pack is BUILT now (the same objects, searched with HOW)."""
+        db.write(self.conn, lambda conn: db.replace_pack(conn, 1, built.name, built.objects, built.size, time.time(),
+                                                         how.window, how.depth, how.compression))
 
     def commits_recorded(self, lo: int, hi: int) -> set[str]:
         """The commits the tips, introduced and boundary records of versions LO … HI name."""
