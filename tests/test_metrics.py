@@ -24,6 +24,7 @@ import pytest
 
 from aspen_cgi.runtime import admission, metrics
 from aspen_cgi.http import backend
+from aspen_cgi.packs import background
 
 from . import harness as h
 from . import pushkit as pk
@@ -131,7 +132,7 @@ def worker_pids(master: int) -> list[int]:
 def scenario(tmp_path_factory):
     """gunicorn (2 workers) with ASPEN_METRICS=1 over a pre-imported repository,
     one cold slot on the machine and one queue place, then: two identical
-    clones, a push (its builder held back by the test holding the build slot),
+    clones, a push (its pack held back by the test holding the build lock and slot),
     a fetch, a `--depth 1` clone that waits in the queue while the test holds
     the cold slot, a `--depth 2` clone refused with 503 while the test holds
     the slot and the queue place, and one CGI request. Yields what each test
@@ -157,11 +158,18 @@ def scenario(tmp_path_factory):
         pk.clone(url, a)
         h.git("clone", "-q", url, str(b))                       # the same request again: from the cache
 
-        build = admission.acquire_build(lim)                    # the push's builder waits for this
+        # the push's version waits for its pack: the test holds the repository's build lock (so the push
+        # cannot adopt its client's pack) and the machine's build slot
+        packs = repo / "aspen" / "packs"
+        lock = background.BuildLock(str(packs))
+        assert lock.acquire()
+        build = admission.acquire_build(lim)
         pk.commit(a, "one more")
         pk.push(a, "origin", "main")
         _, out["held_build"] = scrape(server.url)
+        lock.release()
         build.release()
+        background.kick(str(repo), str(packs), {**os.environ, **env})
         h.wait_packs_built(repo)
         h.git("fetch", "-q", "origin", cwd=str(b))
 

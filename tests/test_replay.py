@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from .cgiserver import cgi_server_factory  # noqa: F401
-from .harness import aspen, git, make_history, out, stock
+from .harness import aspen, aspen_cli, git, make_history, out, stock
 
 ADVERT = {"REQUEST_METHOD": "GET", "QUERY_STRING": "service=git-upload-pack", "GIT_HTTP_EXPORT_ALL": "1"}
 
@@ -191,6 +191,10 @@ def test_clones_replay_the_cache_entry_and_count_the_hit(repo, tmp_path, cgi_ser
     Replacing the entry's file (as eviction or a wider depth-1 answer does)
     sends the next clone through the pipeline again."""
     root, bare, home = repo
+    # imported by hand first: a hit is recorded only once the import's pack is final (built wide), and
+    # a git answer made while packs were unbuilt is not recorded at all
+    imp = aspen_cli("import", "-q", str(bare))
+    assert imp.returncode == 0, imp.stderr
     _age(bare)
     server = cgi_server_factory(root, "aspen", ASPEN_ACCESS_LOG="1", HOME=str(home))
     url = f"{server.url}/r.git"
