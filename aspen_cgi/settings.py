@@ -174,7 +174,8 @@ TABLE = (
      "the most a fetch waits for its versions' packs, and only when each is made in milliseconds (a client's"
      " pack adopted, no git run); never for a pack git must build: git answers at once; `0`: never waits"),
     ("ASPEN_COMPACT_QUIET_MS", "compact_quiet", MILLISECONDS, 1.0, "`1000`", None,
-     "how long a repository must go without a new version before its segment packs are built"),
+     "how long a repository must go without a new version before its segment packs are built and its depth-1"
+     " clones pre-warmed"),
 )
 
 # Read by the code but not the operator's to set: test hooks, and what Aspen passes to the programs it

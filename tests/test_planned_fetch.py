@@ -369,3 +369,54 @@ def test_a_cached_git_answer_gives_way_once_the_packs_are_built(tmp_path, server
     assert "cache=cold entry=superseded" in three and "plan=planned" in three, three
     four = clone("four.git")
     assert "cache=hit entry=planned" in four, four
+
+
+@pytest.mark.timeout(180)
+def test_a_planned_answer_gives_way_once_the_import_is_packed_wide(root, server_factory, tmp_path):
+    """A background build packs the import with git's own search first: a
+    clone planned from that pack is cached (`entry=planned`); once the import
+    is packed again with the wide search (here by the test, the server's
+    builder waiting 10 minutes for quiet), the next identical clone drops
+    that entry and is planned again from the wide pack (`entry=superseded`),
+    no larger; the one after is a hit."""
+    from aspen_cgi.packs import background, builder
+    from aspen_cgi.packs.versionpack import DeltaSearch
+    from aspen_cgi.refstore.store import RefStore
+    repo = root / "repo.git"
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_COMPACT_QUIET_MS="600000")
+
+    def clone(name: str) -> tuple[str, int]:
+        _clone(server.url + "/repo.git", tmp_path / name, 0)
+        h.fsck_strict(str(tmp_path / name))
+        assert h.refs_of(str(tmp_path / name)) == h.refs_of(str(repo))
+        line = _plans(server)[-1]
+        return line, int(re.search(r" bytes=(\d+)", line).group(1))
+    clone("zero.git")                    # the import's first request: git answers, the quick pack is built after
+    h.wait_packs_built(repo)
+
+    def look():
+        store = RefStore.open(str(repo), dict(os.environ), create=False)
+        return store.import_window(), background.import_final(store)
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("v", look()))
+    t.start()
+    t.join()
+    assert box["v"] == (10, False)
+    one, quick_bytes = clone("one.git")
+    assert "cache=cold" in one and "plan=planned" in one, one
+    two, _ = clone("two.git")
+    assert "cache=hit entry=planned" in two, two
+
+    def widen():
+        store = RefStore.open(str(repo), dict(os.environ), create=False)
+        return builder.widen_import(store, DeltaSearch()) is not None and background.import_final(store)
+    box.clear()
+    t = threading.Thread(target=lambda: box.setdefault("v", widen()))
+    t.start()
+    t.join()
+    assert box["v"] is True
+    three, wide_bytes = clone("three.git")
+    assert "cache=cold entry=superseded" in three and "plan=planned" in three, three
+    assert wide_bytes <= quick_bytes
+    four, _ = clone("four.git")
+    assert "cache=hit entry=planned" in four, four

@@ -25,8 +25,9 @@ Bits 16-17 of the outcome field say what made the answer: the planner
 from stored packs (`planned`), git (`git`), or git because the versions'
 packs were not built yet (`git-unbuilt`): such an entry is dropped, and the
 answer computed again, by the first request that finds the packs built
-(cache/responses.py), so the cache never serves a worse answer than the one
-now possible.
+(cache/responses.py), and so is a `planned` entry made before the import's
+pack was built again wide: the cache never serves a worse answer than the
+one now possible.
 
 Single-flight: `.part` appears only through link(2) of a file already
 locked, so at most one producer per name exists at a time, across
@@ -369,13 +370,15 @@ class EntryFile:
     """A complete, verified entry opened for sending: a real file (sendfile
     works on it) positioned at the body; `length` bytes follow."""
 
-    def __init__(self, file, length: int, path: str, depth1: int = 0, kind: int = 0, ino: int = 0):
+    def __init__(self, file, length: int, path: str, depth1: int = 0, kind: int = 0, ino: int = 0,
+                 created: int = 0):
         self.file = file
         self.length = length
         self.path = path
         self.depth1 = depth1
         self.kind = kind
         self.ino = ino
+        self.created = created      # ns
 
 
 _verified: dict[tuple, bool] = {}
@@ -415,7 +418,7 @@ def open_complete(directory: str, name: str) -> Optional[EntryFile]:
             remove_if_same(path, st.st_ino)
             return None
         f.seek(HEADER_SIZE)
-        return EntryFile(f, header.length, path, header.depth1, header.kind, st.st_ino)
+        return EntryFile(f, header.length, path, header.depth1, header.kind, st.st_ino, header.created)
     except OSError:
         f.close()
         return None

@@ -107,11 +107,14 @@ class Judge:
     """What the request says of its answers: KIND() after the computation,
     what made it (entries.PLANNED, GIT, GIT_UNBUILT, or 0), kept in the
     entry; BETTER(), asked of a `git-unbuilt` entry, whether the packs it
-    lacked are built now (then the entry is dropped and the answer computed
-    again); SUPERSEDED() is called when that happens."""
+    lacked are built now; STALE(created ns), asked of a `planned` entry,
+    whether a better stored pack was made since (the import's, widened).
+    Then the entry is dropped and the answer computed again, and
+    SUPERSEDED() is called."""
     kind: Callable[[], int]
     better: Callable[[], bool]
     superseded: Callable[[], None] = lambda: None
+    stale: Callable[[int], bool] = lambda created: False
 
 
 def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
@@ -175,11 +178,13 @@ def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], 
               judge: Optional[Judge] = None) -> Optional[Answer]:
     """NAME's complete entry as an answer marked MARK, counted and touched; or
     None. An entry still interim calls INTERIM. A `git-unbuilt` entry whose
-    packs JUDGE finds built now is removed: None."""
+    packs JUDGE finds built now, or a `planned` one it finds stale, is
+    removed: None."""
     hit = entries.open_complete(s.directory, name)
     if hit is None:
         return None
-    if hit.kind == entries.GIT_UNBUILT and judge is not None and judge.better():
+    if judge is not None and ((hit.kind == entries.GIT_UNBUILT and judge.better())
+                              or (hit.kind == entries.PLANNED and judge.stale(hit.created))):
         hit.file.close()
         entries.remove_if_same(hit.path, hit.ino)
         stats.record(s.directory, "superseded", hit.length)

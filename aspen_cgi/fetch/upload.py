@@ -354,7 +354,12 @@ def _judge(ctx):
 
     def superseded() -> None:
         ctx.trace["entry"] = "superseded"
-    return Judge(kind, better, superseded)
+
+    def stale(created_ns: int) -> bool:
+        store = ctx.refstore()
+        at = store.import_built_at() if store is not None else None
+        return at is not None and at * 1e9 > created_ns
+    return Judge(kind, better, superseded, stale)
 
 
 def _cached(ctx, settings, answer) -> Iterable[bytes]:
@@ -384,8 +389,8 @@ def _cached(ctx, settings, answer) -> Iterable[bytes]:
 
 def _import_final(ctx) -> bool:
     """No replay is recorded while the import's pack waits to be built wide:
-    a recorded answer lasts while the refs do, and its cache key names the
-    import's pack (see _cache_key)."""
+    a recorded answer lasts while the refs do, and a planned entry made
+    before the import's pack was built again gives way (_judge)."""
     store = ctx.refstore()
     return store is None or background.import_final(store)
 
@@ -416,8 +421,6 @@ def _cache_key(ctx, data: bytes):
     snap = _snapshot(ctx)
     refs_digest = _memo.get(snap, ("digest",), lambda: _digest(snap)).decode()
     extra = [f"{k}={v}" for k, v in sorted(ctx.env.items()) if k == "GIT_TEST_SIDEBAND_ALL"]   # GIT_CONFIG_*: in the entries
-    if store is not None:
-        extra.append(f"import={store.settled()[0][2]}")    # a planned answer gives way once the import is widened
     return fetch_key(ctx.gitdir, store.version if store is not None else 0, refs_digest, ctx.protocol_version,
                      ctx.namespace, ctx.config.entries, shallow_roots(ctx.gitdir), extra, data)
 

@@ -1095,9 +1095,10 @@ def version_pack(conn: Conn, version: int) -> Optional[tuple[str, int, int]]:
     return conn.execute("SELECT name, objects, size FROM version_packs WHERE version = ?", (version,)).fetchone()
 
 
-def version_pack_window(conn: Conn, version: int) -> Optional[tuple[str, int]]:
-    """(name, delta window) of VERSION's pack, if built."""
-    return conn.execute("SELECT name, \"window\" FROM version_packs WHERE version = ?", (version,)).fetchone()
+def version_pack_window(conn: Conn, version: int) -> Optional[tuple[str, int, float]]:
+    """(name, delta window, built at) of VERSION's pack, if built."""
+    return conn.execute("SELECT name, \"window\", built_at FROM version_packs WHERE version = ?",
+                        (version,)).fetchone()
 
 
 def replace_pack(conn: Conn, version: int, name: str, objects: int, size: int, at: float,

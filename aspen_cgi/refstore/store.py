@@ -1048,6 +1048,11 @@ class RefStore:
         row = db.version_pack_window(self.conn, 1)
         return row[1] if row and row[0] else None
 
+    def import_built_at(self) -> Optional[float]:
+        """When the import version's pack was built (or built again: widen_import); None when not built."""
+        row = db.version_pack_window(self.conn, 1)
+        return row[2] if row else None
+
     def widen_import(self, built: PackFacts, how: SearchFacts) -> None:
         """The import version's pack is BUILT now (the same objects, searched with HOW)."""
         db.write(self.conn, lambda conn: db.replace_pack(conn, 1, built.name, built.objects, built.size, time.time(),
