@@ -435,9 +435,11 @@ def test_git_killed_during_push(root, server_factory, tmp_path, intake):
 
 
 def test_background_version_pack_build_killed(root, server_factory, tmp_path):
-    """kill -9 of the background builder's git pack-objects (ASPEN_VERSION_PACKS=auto):
-    the build fails and lets go of its lock; the next push starts another that
-    builds every version's pack; fetches stay correct throughout and verify is clean."""
+    """kill -9 of the background builder's wide git pack-objects (ASPEN_VERSION_PACKS=auto;
+    here the import's pack built again wide, the pushes' packs being adopted):
+    the build fails, says so and lets go of its locks, the quick pack staying; the
+    next push starts another builder and every version has its pack; fetches stay
+    correct throughout and verify is clean."""
     from aspen_cgi.refstore.store import RefStore
     repo = pk.enable_push(root / "repo.git")
     _with_big_blob(repo, tmp_path, 4 << 20)

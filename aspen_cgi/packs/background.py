@@ -361,8 +361,8 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
     holding SEGMENT_LOCK while the repository is not yet quiet and while each
     run is built; versions that land meanwhile are built first."""
     from . import builder  # startup
-    from .versionpack import DeltaSearch  # startup
-    search = search or DeltaSearch()
+    from . import versionpack as vp  # startup
+    search = search or vp.DeltaSearch()
     quiet = compact_quiet(settings.of(store.env))
     done_segments = 0
     slock: Optional[BuildLock] = None
@@ -414,9 +414,13 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
                     done_segments += 1
                 elif _widen_todo(store, search, rep):
                     slot.take()
-                    widened = builder.widen_import(store, search, guard)
-                    rep.widened = widened is not None
                     rep.widen_tried = True
+                    try:
+                        rep.widened = builder.widen_import(store, search, guard) is not None
+                    except vp.BuildError as e:   # the quick pack stays; the next builder tries again
+                        guard.check()
+                        sys.stderr.write(f"aspen: building packs for {store.gitdir} failed:"
+                                         f" the import's wide pack: {e}\n")
                 rep.pruned += builder.prune_segments(store)
                 continue
             if slock is not None:

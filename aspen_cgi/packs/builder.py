@@ -118,8 +118,9 @@ def widen_import(store: RefStore, search: DeltaSearch, guard=None) -> Optional[B
     """Build the import version's pack again with SEARCH (the same objects:
     its values, no boundary) and record it in place of the old one, which
     sweep_packs removes an hour later (fetches planned meanwhile still read
-    it). None when git cannot (gc pruned what a value reached) or the new
-    pack does not hold the same number of objects: the old one stays."""
+    it). None when the new pack does not hold the same number of objects:
+    the old one stays, and so it does when git fails (versionpack.BuildError,
+    raised: say, gc pruned what a value reached, or git was killed)."""
     old = store.version_pack(1)
     if old is None:
         return None
@@ -127,10 +128,7 @@ def widen_import(store: RefStore, search: DeltaSearch, guard=None) -> Optional[B
     tips = [u.new for u in store.version_updates(1) if not is_null(u.new)]
     if not tips:
         return None
-    try:
-        built = vp.build(store.gitdir, store.env, tips, (), store.packs_dir, search, guard)
-    except vp.BuildError:
-        return None
+    built = vp.build(store.gitdir, store.env, tips, (), store.packs_dir, search, guard)
     if built.name == name:
         return None
     if built.objects != objects:
