@@ -90,6 +90,8 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory,
         # create, then fast-forward, a tag, a second branch, then a delete and a forced update
         out.append(h.git("push", url, "main", cwd=str(work)).stderr.decode())
         out.append(h.git("push", url, "main:side", "HEAD~1:refs/tags/t1", cwd=str(work)).stderr.decode())
+        if name == "aspen" and packs_setting != "off":
+            h.wait_packs_built(repo)    # the import's and a push of several refs: built in the background
         clones = {}
         for v in (0, 2):
             dest = tmp_path / f"{name}-clone-v{v}"
