@@ -203,6 +203,15 @@ def quick(store, version: int) -> bool:
     return store.sent_pack(version) is not None or not store.version_values(version)
 
 
+def quick_backlog(store) -> Optional[bool]:
+    """None when every version has its pack; else whether the versions
+    without one are at most ADOPTABLE_WAIT, each `quick`."""
+    unbuilt = store.unbuilt(ADOPTABLE_WAIT + 1)
+    if not unbuilt:
+        return None
+    return len(unbuilt) <= ADOPTABLE_WAIT and all(quick(store, v) for v in unbuilt)
+
+
 @dataclass(frozen=True)
 class BuildWait:
     """What a fetch found of its versions' packs: all built, and how long it waited (seconds)."""
@@ -226,14 +235,13 @@ def await_built(gitdir: str, store, env: Mapping[str, str],
     branch cut 100 pushes ago waited the old default 2 s three times for a
     backlog the builder had not reached, then got git's answer anyway
     (10.7x stock's wall time)."""
-    unbuilt = store.unbuilt(ADOPTABLE_WAIT + 1)
-    if not unbuilt:
+    backlog = quick_backlog(store)
+    if backlog is None:
         return BuildWait(True)
     config = settings.of(env)
     if not enabled(config):
         return BuildWait(False)
-    adoptable = len(unbuilt) <= ADOPTABLE_WAIT and config.build_wait > 0 and all(quick(store, v) for v in unbuilt)
-    if not adoptable:
+    if not (backlog and config.build_wait > 0):
         packs = store.packs_dir
         if later is None:
             kick(gitdir, packs, env)
@@ -262,10 +270,10 @@ def adopt_now(store) -> bool:
     repository's lock, or a version needs git: the background builder's
     then. Whether every version has its pack now."""
     from . import builder  # startup
-    unbuilt = store.unbuilt(ADOPTABLE_WAIT + 1)
-    if not unbuilt:
+    backlog = quick_backlog(store)
+    if backlog is None:
         return True
-    if len(unbuilt) > ADOPTABLE_WAIT or not all(quick(store, v) for v in unbuilt):
+    if not backlog:
         return False
     lock = BuildLock(store.packs_dir)
     if not lock.acquire():
