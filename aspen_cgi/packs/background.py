@@ -450,8 +450,8 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
 
 def import_final(store) -> bool:
     """The import's pack is as background builds leave it for good: built
-    with the wide search (or none, or not built yet). A planned answer made
-    before is recomputed once it is (the cache key names the import's pack)."""
+    with the wide search (or none, or not built yet). A planned cache entry
+    made before is computed again once it is (fetch/upload._judge)."""
     from .versionpack import DeltaSearch  # startup
     window = store.import_window()
     return window is None or window >= DeltaSearch().window
