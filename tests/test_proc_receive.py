@@ -20,6 +20,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -1127,6 +1129,40 @@ def test_hook_deleting_and_moving_refs(root, server_factory, tmp_path):
     assert sorted((u["ref"], u["new"]) for u in new[0]["updates"]) == [("refs/heads/topic", tip),
                                                                        ("refs/tags/light", ZERO)]
     assert pk.rev(repo, "topic") == tip
+
+
+def test_a_fetch_while_the_hook_runs_leaves_its_changes_to_its_push(root, server_factory, tmp_path):
+    """A fetch (or a builder) syncing the store while the hook is still
+    running sees the ref the hook moved; it records no `external` version
+    of it (refstore/hookruns.py): the push's version has the change."""
+    repo = pk.enable_push(root / "repo.git")
+    h.git("config", "--add", "receive.procReceiveRefs", "refs/for", cwd=str(repo))
+    srv = server_factory(root)
+    work = pk.clone(f"{srv.url}/repo.git", tmp_path / "work")
+    old_topic = pk.rev(repo, "topic")
+    tip = pk.commit(work, "change")
+    moved, go = tmp_path / "moved", tmp_path / "go"
+    _agit_hook(repo, {"A": tip, "B": tip, "ZERO_OID": ZERO}, ["ok refs/for/topic", "option refname refs/heads/topic",
+                                                               f"option old-oid {old_topic}", "option forced-update"],
+               [f"git update-ref refs/heads/topic {tip}", f"touch {moved}",
+                f"i=0; while [ ! -f {go} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"])
+    before = [v["id"] for v in h.versions(repo)]
+    result: list = []
+    pusher = threading.Thread(target=lambda: result.append(pk.push(work, "origin", "HEAD:refs/for/topic")))
+    pusher.start()
+    deadline = time.monotonic() + 60
+    while not moved.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert moved.exists()
+    seen = subprocess.run(["git", "ls-remote", f"{srv.url}/repo.git", "refs/heads/topic"], capture_output=True,
+                          text=True, timeout=60)
+    assert seen.returncode == 0 and seen.stdout.split()[0] in (old_topic, tip)
+    go.touch()
+    pusher.join(timeout=120)
+    assert "+\tHEAD:refs/heads/topic\t" in result[0].stdout.decode()
+    new = [v for v in h.versions(repo) if v["id"] not in before]
+    assert [v["kind"] for v in new] == ["push"]
+    assert [(u["ref"], u["new"]) for u in new[0]["updates"]] == [("refs/heads/topic", tip)]
 
 
 def test_value_less_proc_receive_refs_refuses_pushes(bench, tmp_path):

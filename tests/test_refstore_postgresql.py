@@ -180,6 +180,27 @@ def test_without_create_a_missing_store_is_not_made(tmp_path, pg_url):
     assert db.pg_stores(side) == []
 
 
+def test_a_store_dropped_while_open_is_made_anew_only_by_a_request(tmp_path, pg_url):
+    """`aspen db drop` while stores are open: background work's store (opened
+    without making one) fails its next sync and the database stays without
+    it; a request's store is made anew with a new import."""
+    from aspen_cgi.refstore.store import drop_database_store
+    repo = h.make_history(tmp_path / "repo.git")
+    env = _env(pg_url, repo)
+    RefStore.open(str(repo), env).sync()
+    background = RefStore.open(str(repo), env, create=False)
+    background.sync()
+    request = RefStore.open(str(repo), env)
+    request.sync()
+    assert drop_database_store(pg_url, os.path.realpath(repo))
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    with pytest.raises(pgconn.StoreError, match="dropped"):
+        background.sync()
+    assert db.pg_stores(side) == []
+    assert request.sync() == 1 and [v.kind for v in request.log()] == ["import"]
+    assert len(db.pg_stores(side)) == 1
+
+
 def test_a_store_of_another_schema_version_is_refused(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
     RefStore.open(str(repo), _env(pg_url, repo)).sync()

@@ -78,10 +78,12 @@ def requests_for(head_target: Optional[str], updated: dict[str, str], mode: str)
     return out
 
 
-def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
+def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard, store) -> bool:
     """Answer one depth-1 request as fetch/upload.py answers a client's
     (filling the cache), with nobody waiting; whether it was answered.
-    Stopped (RepositoryGone) as soon as GUARD finds the repository gone."""
+    Stopped (RepositoryGone) as soon as GUARD finds the repository gone.
+    It reads refs from STORE, the pre-warmer's own (opened without making
+    one): a request's opening would make a store dropped meanwhile anew."""
     from ..git.repoconfig import RepoConfig  # startup
     from ..runtime.repoguard import RepositoryGone  # startup
     from ..service import Repo, RequestInfo, ServiceContext, ServiceRefused, child_env, service_enabled  # startup
@@ -92,7 +94,8 @@ def _compute(gitdir: str, env: Mapping[str, str], body: bytes, guard) -> bool:
     config = RepoConfig.load(gitdir, cenv)
     if not service_enabled("upload-pack", config, None):
         return False                # stock's backend would refuse every client's fetch
-    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, RequestInfo.of(cenv, 2), [], aspen_settings.of(cenv))
+    ctx = ServiceContext(Repo(gitdir, gitdir, True), config, cenv, RequestInfo.of(cenv, 2), [], aspen_settings.of(cenv),
+                         _store=store, _store_opened=True)
     try:
         stream = upload.serve(ctx, body)
         try:
@@ -183,7 +186,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
                 refs = snap.by_name()
                 updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
                 for body in requests_for(snap.head_target, updated, mode):
-                    if _compute(gitdir, env, body, guard):
+                    if _compute(gitdir, env, body, guard, store):
                         done += 1
                         guard.check()
                         stats.record(settings.directory, "prewarm", 0)

@@ -10,6 +10,7 @@ stream of response chunks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -29,7 +30,7 @@ from ..protocol.push import ZERO, Command, RefResult
 from ..model.refname import check_refname_format
 from ..git.reader import object_info
 from ..model.refs import HiddenRefs, namespace_prefix
-from ..refstore import db as store_db
+from ..refstore import db as store_db, hookruns
 from ..runtime.owners import fault
 from ..service import ServiceRefused
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
@@ -485,8 +486,13 @@ class Push:
         req = procreceive.Request(tuple((s.cmd.old, s.cmd.new, s.cmd.ref) for s in states),
                                   tuple(s.proc and s.pending for s in states), self.neg.atomic,
                                   self.neg.push_options, push_options)
-        out = yield from self._relay(procreceive.run(self.hooks, self.gitdir, self.env, req, self.idle,
-                                                     self.ctx.log))
+        with hookruns.Mark(os.path.dirname(store.path)) if store is not None else contextlib.nullcontext():
+            out = yield from self._relay(procreceive.run(self.hooks, self.gitdir, self.env, req, self.idle,
+                                                         self.ctx.log))
+            yield from self._proc_results(states, out)
+            self._record_hook_changes(store)
+
+    def _proc_results(self, states: list[CommandState], out) -> Iterator[bytes]:
         if out.message:
             yield self.msgs.error(out.message)
         for s, c in zip(states, out.commands):
@@ -498,7 +504,6 @@ class Push:
                 if s.error is None and not s.proc_returned and (s.proc or self.neg.atomic):
                     s.error = "fail to run proc-receive hook"
         self.ctx.trace["proc_receive"] = "ok" if out.ok else "failed"
-        self._record_hook_changes(store)
 
     def _open_store(self):
         """The ref store, brought up to the disk now (None without one)."""

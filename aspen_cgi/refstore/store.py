@@ -29,7 +29,7 @@ from ..model import refs as refs_mod
 from ..model.pin import Pin, PinError
 from .. import settings
 from ..runtime.statedir import state_dir
-from . import chaining, db, diskrefs, fingerprint, reflocks, replica, segments, views
+from . import chaining, db, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
 from .packstore import PackStore
 from ..runtime.owners import fault, owner_alive, owner_id
 from ..model.versions import ZERO, is_null, AncestryAnswer, ChainReport, CloneView, CompactReport, PackInfo, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
@@ -298,11 +298,12 @@ def release_thread() -> None:
 
 
 class RefStore:
-    def __init__(self, gitdir: str, env: Mapping[str, str], conn: db.Conn, path: str):
+    def __init__(self, gitdir: str, env: Mapping[str, str], conn: db.Conn, path: str, create: bool = True):
         self.gitdir = gitdir
         self.env = env
         self.conn = conn
         self.path = path
+        self.create = create        # a PostgreSQL store dropped while open is made anew (a request's)
         self.version = 0
         self.imported = False       # this store's sync recorded the repository (version 1)
 
@@ -333,7 +334,7 @@ class RefStore:
                     os.makedirs(sdir, exist_ok=True)
             if s.refstore_url:
                 conn = db.retry(lambda: _pg_connection(s.refstore_url, path, gitdir, env, s.refstore_pool, create))
-                return None if conn is None else cls(gitdir, env, conn, path)
+                return None if conn is None else cls(gitdir, env, conn, path, create)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
             return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
         except (OSError, db.Error):
@@ -350,7 +351,8 @@ class RefStore:
         except db.pgconn.StoreError as e:
             if "UndefinedTable" not in str(e) and "InvalidSchemaName" not in str(e):
                 raise
-            # dropped by another process (`aspen db drop`): this thread's connection is looked up again
+            # dropped by another process (`aspen db drop`): this thread's connection is looked up
+            # again; a store opened without making one (background work) stays dropped
             self._reconnect()
             self.version = self._sync(by)
         return self.version
@@ -361,7 +363,7 @@ class RefStore:
             conns.pop(self.path, None)
         s = settings.of(self.env)
         conn = db.retry(lambda: _pg_connection(s.refstore_url, self.path, self.gitdir, self.env, s.refstore_pool,
-                                               True))
+                                               self.create))
         if conn is None:
             raise db.pgconn.StoreError("the store was dropped")
         self.conn = conn
@@ -443,6 +445,8 @@ class RefStore:
 
     def _sync_disk(self, fp: fingerprint.Fingerprint, stored_fp: Optional[str],
                    by: Optional[VersionMeta] = None) -> int:
+        if by is None and hookruns.running(os.path.dirname(self.path)):
+            return db.latest_version(self.conn)      # a proc-receive hook's changes are its push's
         disk = diskrefs.read_all(self.gitdir)
         stored = {r.name: r for r in self._stored_rows()}
         if views.same(disk, stored, self._pending_refs(self.conn)):
