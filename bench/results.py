@@ -514,13 +514,16 @@ def workload_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> st
 
 
 def _event_columns(targets: list[str], present: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(per-event ratio metric, Aspen target) columns: by Aspen target, then stock
-    target in target order, then p50, p99, max."""
+    """(per-event ratio metric, target) columns: by Aspen target, then stock
+    target in target order, then p50, p99, max; then a stock target's own
+    ratios to another stock target (busy-repo's noise floor)."""
     metrics = {m for m, _ in present if event_ratio(m)}
     rank = {t: i for i, t in enumerate(targets)}
     ordered_metrics = sorted(metrics, key=lambda m: (rank.get(event_ratio(m)[0], len(rank)), event_ratio(m)[0],
                                                      EVENT_STATS.index(event_ratio(m)[1])))
-    return [(m, t) for t in subjects(targets) for m in ordered_metrics if (m, t) in present]
+    mine = subjects(targets)
+    order = mine + [t for t in targets if t not in mine]
+    return [(m, t) for t in order for m in ordered_metrics if (m, t) in present]
 
 
 def details_table(workload: str, by_params: dict[tuple, dict[str, Cell]]) -> str:

@@ -317,6 +317,15 @@ def test_busy_repo_script_mix_and_ratio_columns():
     head = next(line for line in table.splitlines() if line.startswith("| params"))
     assert head.startswith("| params | event wall p50 aspen/stock-maintained | event wall p99 aspen/stock-maintained |")
     assert "wall p50 aspen/stock" in head
+    assert busysummary._compared("stock-maintained", ["aspen"], ["stock", "stock-maintained"]) == ["stock"]
+    assert busysummary._compared("stock", ["aspen"], ["stock", "stock-maintained"]) == []
+    floor = busysummary.event_ratios({1: 20.0}, {1: 10.0}, "stock")
+    table = results.render_tables([Measurement("busy-repo", "aspen", {"shape": "push"}, {**got}),
+                                   Measurement("busy-repo", "stock-maintained", {"shape": "push"}, floor),
+                                   Measurement("busy-repo", "stock", {"shape": "push"}, {"wall_p50_ms": 1.0})])
+    head = next(line for line in table.splitlines() if line.startswith("| params"))
+    assert "| event wall p99 aspen/stock-maintained |" in head and "| event wall p99 stock-maintained/stock |" in head
+    assert head.index("aspen/stock-maintained") < head.index("stock-maintained/stock")
     static = {"refs/heads/x": "1" * 40}
     assert busy._compare({"refs/heads/main": "a", **static}, static, "refs/heads/main", {"a", "b"}) == ""
     assert "no value" in busy._compare({"refs/heads/main": "c", **static}, static, "refs/heads/main", {"a"})

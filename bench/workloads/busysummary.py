@@ -10,7 +10,9 @@ bytes per operation, as the proxy counted them: `bytes_total` over all);
 on each Aspen target, the distribution of the per-event wall ratios to
 each stock target B present (the same event's wall on the Aspen target over
 its wall on B): `wall_ratio_B_p50`, `wall_ratio_B_p99`, `wall_ratio_B_max`
-(`results.event_ratio_metric`); on targets with a plan trace `plan_share`,
+(`results.event_ratio_metric`); on each other stock target the same ratios
+to the first stock target, the run's noise floor (stock-maintained against
+stock: the same binary, the same refs; for `info-refs` nothing else differs); on targets with a plan trace `plan_share`,
 `planned`, `fallback`, `fallbacks` (why=count), `untraced` (no plan line:
 nothing fetched, or a response cache hit), `cache_<mark>` (operations whose
 last response the cache marked hit, shared, cold, ...), and, when Aspen's trace has
@@ -69,6 +71,14 @@ def event_ratios(mine: dict, theirs: dict, base: str) -> dict:
             event_ratio_metric(base, "max"): round(max(ratios), 3)}
 
 
+def _compared(name: str, subjects: list[str], compare_with: list[str]) -> list[str]:
+    """The targets NAME's per-event ratios are taken against: every stock one for
+    an Aspen target; the first stock one for another stock target (the noise floor)."""
+    if name in subjects:
+        return compare_with
+    return compare_with[:1] if compare_with and name in compare_with[1:] else []
+
+
 def _good(row) -> bool:
     return row.ok and row.verified is True
 
@@ -92,9 +102,8 @@ def summarise(ctx: WorkloadContext, sizes: "Sizes", events: list["Event"], busy:
             mine = sorted(rows[t.name], key=lambda r: r.event)
             ok = [r for r in mine if _good(r)]
             m: dict = {"ops": len(mine), "failures": len(mine) - len(ok)}
-            if t.name in subjects:
-                for b in compare_with:
-                    m.update(event_ratios(good[t.name], good[b], b))
+            for b in _compared(t.name, subjects, compare_with):
+                m.update(event_ratios(good[t.name], good[b], b))
             m.update(walls([r.wall_ms for r in ok]))
             got = [r.bytes for r in ok if r.bytes is not None]
             if got:
@@ -129,9 +138,8 @@ def summarise(ctx: WorkloadContext, sizes: "Sizes", events: list["Event"], busy:
         mine = sorted(pushes[t.name], key=lambda p: p.j)
         ok = [p.wall_ms for p in mine if p.ok]
         m = {"pushes": len(mine), "failures": len(mine) - len(ok), "burst_pushes": sum(1 for p in mine if p.burst)}
-        if t.name in subjects:
-            for b in compare_with:
-                m.update(event_ratios(good_push[t.name], good_push[b], b))
+        for b in _compared(t.name, subjects, compare_with):
+            m.update(event_ratios(good_push[t.name], good_push[b], b))
         m.update(walls(ok))
         bad = next((p for p in mine if not p.ok), None)
         out.append(Measurement(NAME, t.name, {"shape": "push"}, m, ok,
