@@ -51,6 +51,8 @@ FIELDS = {
     "pushed_versions": "ref-store versions the push made",
     "adopted": "yes or no, and the time: every version had its pack when the push was reported (its client's"
                " pack adopted, packs/background.adopt_now)",
+    "phases": "a push's time by phase, in ms: intake (the pack), refs (checks, hooks, the store), adopt,"
+              " after (what ran after the report: hooks, gc --auto, starting background work)",
 }
 
 

@@ -43,6 +43,21 @@ if TYPE_CHECKING:
 KEEPALIVE = b"0005\x01"   # an empty band-1 packet: "still working"
 
 
+class _Phases:
+    """A push's time by phase, written to its trace (`phases=intake:40,refs:12,...`) as each ends."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.last = time.perf_counter()
+        self.done: list[str] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.done.append(f"{name}:{(now - self.last) * 1000:.1f}")
+        self.last = now
+        self.trace["phases"] = ",".join(self.done)
+
+
 @dataclass
 class CommandState:
     cmd: Command
@@ -184,6 +199,7 @@ class Push:
 
         unpack_error = None
         states = [CommandState(c, i) for i, c in enumerate(req.commands)]
+        clock = _Phases(self.ctx.trace)
         if not req.delete_only:
             self.shallow = shallowpush.prepare(self.gitdir, self.ctx.env, req.shallow) if req.shallow else None
             unpack_error = yield from self._unpack()
@@ -193,11 +209,14 @@ class Push:
         if self.cert is not None and not self.cert.options_agree(req.push_options):
             for s in states:
                 s.error = "inconsistent push options"
+        clock.lap("intake")
         yield from self._execute(states, unpack_error, req.push_options)
+        clock.lap("refs")
         if self.sent is not None and any(s.error is None for s in states):
             self.sent.keep(self._listing(states))
             self.sent = None
             self._adopt_sent()
+            clock.lap("adopt")
         self._cleanup()
 
         results = [RefResult(s.cmd.ref, s.error, s.reports) for s in states]
@@ -220,6 +239,7 @@ class Push:
             gitexec.git(["update-server-info"], cwd=self.gitdir, env=self.ctx.env)
         if ok:
             self._background_work()
+        clock.lap("after")
         if neg.sideband:
             yield pktline.FLUSH
 
