@@ -381,7 +381,7 @@ def _import_background(args: argparse.Namespace) -> int:
     if store is None:
         return 0
     try:
-        rep = background.build(store, _search(args, nice=background.NICE, threads=1), guard=guard)
+        rep = background.build(store, _search(args, nice=background.NICE), guard=guard)
     except Exception as e:  # noqa: BLE001  (nobody reads this but a log; say why)
         sys.stderr.write(f"aspen: building packs for {gitdir} failed: {e}\n")
         return 1
@@ -787,7 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--depth", type=int, default=50, help="maximum delta chain depth (default 50)")
     imp.add_argument("--compression", type=int, default=9, help="zlib level 0-9 (default 9)")
     imp.add_argument("--threads", type=int, default=0,
-                     help="pack-objects threads (default: git's, one per core; background builds use 1)")
+                     help="pack-objects threads (default: git's, one per core, as background builds)")
     imp.add_argument("--reuse-deltas", action="store_true",
                      help="reuse the deltas of the repository's packs instead of searching every object afresh")
     imp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -795,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exit at once (0) when another builder is running, leaving the packs to it")
     imp.add_argument("--wait-lock", dest="no_wait", action="store_true", help=argparse.SUPPRESS)   # the old name
     imp.add_argument("--background", action="store_true",
-                     help="what a push starts under CGI: niceness 10, one pack-objects thread, exit at once "
+                     help="what a push starts under CGI: niceness 10, the idle scheduling class, exit at once "
                           "when another builder runs, and stop quietly, leaving nothing, if the repository "
                           "is deleted or replaced")
     imp.set_defaults(func=_cmd_import)

@@ -182,7 +182,7 @@ def test_fetch_right_after_a_push_is_planned_and_never_waits_for_a_build(kind, r
         if url == server.url:
             assert "plan=planned" in plan and "build_wait_ms" not in plan, plan
             pushed = re.findall(r"service=receive-pack method=POST .*", server.log_text())[-1]
-            assert re.search(r" adopted=yes,[0-9.]+ms phases=intake:[0-9.]+,refs:[0-9.]+,adopt:[0-9.]+,after:[0-9.]+",
+            assert re.search(r" adopted=yes,[0-9.]+ms phases=intake:[0-9.]+,check:[0-9.]+,migrate:[0-9.]+,refs:[0-9.]+,adopt:[0-9.]+,after:[0-9.]+",
                              pushed), pushed
         else:
             # built already when a builder the advertisement started was quick enough; never waited for

@@ -51,8 +51,9 @@ FIELDS = {
     "pushed_versions": "ref-store versions the push made",
     "adopted": "yes or no, and the time: every version had its pack when the push was reported (its client's"
                " pack adopted, packs/background.adopt_now)",
-    "phases": "a push's time by phase, in ms: intake (the pack), refs (checks, hooks, the store), adopt,"
-              " after (what ran after the report: hooks, gc --auto, starting background work)",
+    "phases": "a push's time by phase, in ms: intake (the pack), check (connectivity), migrate (pre-receive"
+              " hook, the quarantine's objects moved in), refs (ref checks, update hooks, the writes and the"
+              " store), adopt, after (what ran after the report: hooks, gc --auto, starting background work)",
 }
 
 

@@ -199,7 +199,7 @@ class Push:
 
         unpack_error = None
         states = [CommandState(c, i) for i, c in enumerate(req.commands)]
-        clock = _Phases(self.ctx.trace)
+        clock = self.clock = _Phases(self.ctx.trace)
         if not req.delete_only:
             self.shallow = shallowpush.prepare(self.gitdir, self.ctx.env, req.shallow) if req.shallow else None
             unpack_error = yield from self._unpack()
@@ -377,6 +377,7 @@ class Push:
                 s.error = "unpacker error"
             return
         yield from self._connectivity(states)
+        self.clock.lap("check")
         self._reject_hidden(states)
         self._mark_proc_receive(states)
         env = self._hook_env(push_options, quarantine=True)
@@ -397,6 +398,7 @@ class Push:
                         s.error = "unable to migrate objects to permanent storage"
                 return
             self.quarantine = None
+        self.clock.lap("migrate")
         self.states = states
         # new commits are known to exist and to be commits; anything else is asked of git once
         self.info = {c: ("commit", None) for c in self.new_commits}
