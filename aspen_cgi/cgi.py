@@ -176,7 +176,9 @@ def main() -> int:
 
 
 def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, config,
-              resident: bool = False) -> int:
+              resident: bool = False, traces: list | None = None) -> int:
+    """Answer the request through the whole pipeline (aspen-cgi's, or a
+    resident worker's: RESIDENT); TRACES, when given, gets its trace."""
     from .http.replay import MAX_ANSWER  # startup
     from .http.accesslog import Counted, write_messages  # startup
     from .http.backend import handle  # startup
@@ -219,6 +221,8 @@ def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, c
     if recordable and "ended" not in resp.trace and (kept is not None or "replay_file" in resp.trace):
         from .http import replay  # startup
         replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace, started_ns)
+    if traces is not None:
+        traces.append(resp.trace)
     return 0
 
 

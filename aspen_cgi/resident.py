@@ -176,9 +176,9 @@ def _receive(conn: socket.socket) -> Request | None:
         return None
 
 
-def _answer(req: Request) -> int:
+def _answer(req: Request, traces: list) -> int:
     """Be the CGI program for REQ: its fds as 0, 1 and 2, its environment and
-    working directory; run the pipeline; give them all back."""
+    working directory; run the pipeline (TRACES gets its trace); give them all back."""
     from . import cgi, settings  # startup: loaded by _warm
     rc = 1
     try:
@@ -195,7 +195,8 @@ def _answer(req: Request) -> int:
         except settings.SettingsError as e:
             rc = cgi._refused(e)
         else:
-            rc = cgi._pipeline(env, req.kind, req.prefix, req.started, req.started_ns, config, resident=True)
+            rc = cgi._pipeline(env, req.kind, req.prefix, req.started, req.started_ns, config, resident=True,
+                               traces=traces)
     except Exception:
         try:
             sys.stderr.write("aspen: resident worker failed:\n" + traceback.format_exc())
@@ -215,6 +216,20 @@ def _answer(req: Request) -> int:
         os.close(null)
         os.chdir("/")
     return rc
+
+
+def _after(traces: list, env: dict) -> None:
+    """Once a request's client has its answer: a push that updated refs gets
+    its repository's recorded listings computed again (http/replayrefresh.py)."""
+    trace = traces[0] if traces else {}
+    if trace.get("service") != "receive-pack" or not str(trace.get("push", "")).startswith("ok=") \
+            or trace.get("push", "").startswith("ok=0,") or "gitdir" not in trace:
+        return
+    try:
+        from .http import replayrefresh  # startup: only where a push landed
+        replayrefresh.refresh(trace["gitdir"], env)
+    except Exception:  # noqa: BLE001  (nobody waits for it; the next poll computes its own answer)
+        pass
 
 
 def _worker(pair: socket.socket, stamp: dict[str, int]) -> None:
@@ -250,11 +265,13 @@ def _worker(pair: socket.socket, stamp: dict[str, int]) -> None:
                     os.close(fd)
                 pair.sendall(IDLE)
                 continue
-            rc = _answer(req)
+            traces: list = []
+            rc = _answer(req, traces)
             try:
                 conn.sendall(handoff.DONE + str(rc).encode() + b"\n")
             except OSError:
                 pass
+            _after(traces, dict(os.environ))
         pair.sendall(IDLE)
     os._exit(0)
 

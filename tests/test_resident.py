@@ -118,6 +118,56 @@ def test_git_clones_fetches_and_pushes_through_the_resident(repo, tmp_path, cgi_
     assert "service=receive-pack" in log and log.count("resident=1") >= 4, log
 
 
+def test_a_push_through_the_resident_records_the_pollers_listings_again(repo, tmp_path, cgi_server_factory):
+    """Pollers' advertisement (v0) and ls-refs (v2) are recorded; a push
+    through the resident computes both again once its client has its answer
+    (http/replayrefresh.py): the first poll after it is replayed, names the
+    pushed commit, and is byte for byte the pipeline's answer now."""
+    import urllib.request
+    run = tmp_path / "run"
+    _started(repo, run)
+    push_env = dict(ASPEN_RUN_DIR=str(run), ASPEN_ACCESS_LOG="1", GIT_CONFIG_COUNT="1",
+                    GIT_CONFIG_KEY_0="http.receivepack", GIT_CONFIG_VALUE_0="true")
+    server = cgi_server_factory(repo, program="aspen", **push_env)
+    from aspen_cgi.protocol.pktline import DELIM, FLUSH, encode
+    ls_refs = (encode(b"command=ls-refs\n") + encode(b"agent=git/2.39.5\n") + DELIM + encode(b"peel\n")
+               + encode(b"symrefs\n") + FLUSH)
+
+    def poll(url: str, **headers: str) -> list[bytes]:
+        get = urllib.request.Request(f"{url}/r.git/info/refs?service=git-upload-pack", headers=headers)
+        post = urllib.request.Request(f"{url}/r.git/git-upload-pack", data=ls_refs, headers={
+            "Content-Type": "application/x-git-upload-pack-request", "Git-Protocol": "version=2", **headers})
+        return [urllib.request.urlopen(get, timeout=60).read(), urllib.request.urlopen(post, timeout=60).read()]
+
+    def polls_replayed() -> list[bool]:
+        lines = [ln for ln in server.log_text().splitlines() if ln.startswith("aspen:") and "service=upload-pack" in ln]
+        return ["replayed=1" in ln for ln in lines[-2:]]
+
+    slots = repo / "r.git" / "aspen" / "replay"
+
+    def recorded() -> dict[str, int]:
+        return {p.name: p.stat().st_ino for p in slots.iterdir() if len(p.name) == 2} if slots.is_dir() else {}
+    time.sleep(0.2)                                  # past the racy window of what the first request made
+    poll(server.url)
+    _wait(lambda: len(recorded()) == 2, "both listings recorded")
+    poll(server.url)
+    assert polls_replayed() == [True, True], server.log_text()[-2000:]
+    before = recorded()
+    clone = tmp_path / "clone"
+    h.git("clone", "-q", f"{server.url}/r.git", str(clone))
+    h.git("-C", str(clone), "commit", "-q", "--allow-empty", "-m", "polled")
+    h.git("-C", str(clone), "push", "-q", "origin", "HEAD")
+    pushed = h.out("rev-parse", "HEAD", cwd=str(clone))
+    assert "resident=1" in [ln for ln in server.log_text().splitlines() if "service=receive-pack" in ln][-1]
+    _wait(lambda: all(recorded().get(k) not in (None, ino) for k, ino in before.items()),
+          "the push's worker to record both listings again", 10)
+    got = poll(server.url)
+    assert polls_replayed() == [True, True], server.log_text()[-2000:]
+    assert all(pushed.encode() in answer for answer in got)
+    assert got == poll(server.url, X_Fresh="1")          # a key of its own: the pipeline's answer now
+    assert polls_replayed() == [False, False]
+
+
 def test_the_request_environment_is_the_whole_environment(repo, tmp_path):
     """The resident started from a request with GIT_HTTP_EXPORT_ALL; a later
     request without it is refused as stock refuses it (no

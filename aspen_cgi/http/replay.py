@@ -153,6 +153,49 @@ def _key(env: Mapping[str, str], body: bytes) -> bytes:
     return "\0".join(parts).encode("utf-8", "surrogateescape") + b"\0\0" + body
 
 
+def _unkey(key: bytes) -> Optional[tuple[dict, bytes]]:
+    """The environment (less what _key leaves out, and the euid) and body a key was made of."""
+    text, sep, body = key.partition(b"\0\0")
+    if not sep:
+        return None
+    pairs = [p.split("=", 1) for p in text.decode("utf-8", "surrogateescape").split("\0")]
+    if any(len(p) != 2 for p in pairs):
+        return None
+    return {k: v for k, v in pairs if k != "euid"}, body
+
+
+def listings(state: str) -> list[tuple[dict, bytes]]:
+    """The requests whose answers are recorded in the state directory STATE
+    and are listings (is_listing): each one's environment, less what varies
+    per client, and body. What http/replayrefresh.py computes again after a push."""
+    directory = _join(state, "replay")
+    try:
+        names = sorted(n for n in posix.listdir(directory) if len(n) == 2)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        try:
+            with open(_join(directory, name), "rb") as f:
+                data = f.read(MAX_ANSWER + 65536)
+        except OSError:
+            continue
+        if not data.startswith(MAGIC):
+            continue
+        end = data.find(b"\n", len(MAGIC))
+        try:
+            size = int(data[len(MAGIC):end].split(b" ")[0])
+        except ValueError:
+            continue
+        got = _unkey(data[end + 1:end + 1 + size])
+        if got is None:
+            continue
+        k = kind(got[0])
+        if k is not None and is_listing(k, got[1]):
+            out.append(got)
+    return out
+
+
 def _slot(key: bytes) -> str:
     return f"{zlib.crc32(key) % SLOTS:02x}"
 
@@ -204,10 +247,11 @@ class Flight:
         self.leader = leader
 
     @classmethod
-    def begin(cls, env: Mapping[str, str], body: bytes) -> Optional["Flight"]:
+    def begin(cls, env: Mapping[str, str], body: bytes, wait: bool = True) -> Optional["Flight"]:
         """The leader's flight (hold it until the answer is recorded), or a
         follower's, ended: look the answer up again. None where the
-        repository has no state directory yet."""
+        repository has no state directory yet, and, without WAIT, where
+        another process leads."""
         import fcntl  # startup
         repo = _repo_dir(env)
         if repo is None:
@@ -232,7 +276,9 @@ class Flight:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return cls(fd, True)
         except OSError:
-            pass
+            if not wait:
+                posix.close(fd)
+                return None
         deadline = time.monotonic() + LEAD_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(0.005)
