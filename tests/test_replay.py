@@ -271,6 +271,31 @@ def test_pollers_arriving_together_compute_the_listing_once(repo):
     assert replayed.count(False) == 1, [err for _, err in results]
 
 
+def test_a_refresh_records_stale_listings_and_leaves_them_to_the_next_push_in_a_burst(repo):
+    """http/replayrefresh.refresh() after a ref changed: the stale advertisement
+    is recorded again (the next request is replayed, with the pipeline's
+    bytes); when another ref changes while it waits out the racy window (a
+    burst of pushes), it records nothing and leaves them to that push."""
+    import threading
+    from aspen_cgi.http import replayrefresh
+    root, bare, home = repo
+    env = _env(root, home)
+    _settled(env, b"", bare, home)
+    git("update-ref", "refs/heads/main", "main~1", cwd=str(bare))
+    assert replayrefresh.refresh(str(bare), dict(env, ASPEN_ACCESS_LOG="1")) == 1
+    again, replayed = _ask(env)
+    assert replayed
+    ref, _ = _ask(env, fresh=True)
+    assert (again.raw_head, again.body) == (ref.raw_head, ref.body)
+    git("update-ref", "refs/heads/main", "main~1", cwd=str(bare))
+    later = threading.Timer(replayrefresh.SETTLE_S / 3, lambda: git("branch", "burst", "main", cwd=str(bare)))
+    later.start()
+    assert replayrefresh.refresh(str(bare), dict(env, ASPEN_ACCESS_LOG="1")) == 0
+    later.join()
+    _, replayed = _ask(env)
+    assert not replayed
+
+
 def test_a_configuration_with_includes_is_never_recorded(repo):
     """An included file's name and time are not among the inputs replay
     watches, so nothing answered under such a configuration is recorded."""

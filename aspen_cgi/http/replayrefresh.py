@@ -10,10 +10,12 @@ client already has its answer) computes each stale listing recorded for
 that repository again and records it, so that the next poll is replayed.
 
 It waits first for the racy window of the ref files the push wrote
-(replay.RACY_NS: a record is refused while an input is that recent), takes
-each listing's flight without waiting (a client computing the same listing
-is left to record it), and never writes a log line: its output goes where
-the worker's does between requests, nowhere."""
+(replay.RACY_NS: a record is refused while an input is that recent); when
+the refs changed meanwhile (a burst: the next push has landed), it leaves
+the listings to that push's worker. It takes each listing's flight without
+waiting (a client computing the same listing is left to record it), and
+never writes a log line: its output goes where the worker's does between
+requests, nowhere."""
 
 from __future__ import annotations
 
@@ -45,7 +47,10 @@ def refresh(gitdir: str, env: Mapping[str, str]) -> int:
     wanted = replay.listings(state_dir(gitdir, settings.of(env)))
     if not wanted:
         return 0
+    before = _refs_stamp(gitdir)
     time.sleep(SETTLE_S)
+    if _refs_stamp(gitdir) != before:
+        return 0                                    # another push landed: its worker records them
     done = 0
     for request_env, body in wanted:
         if replay.lookup(request_env, body) is not None:
@@ -59,6 +64,27 @@ def refresh(gitdir: str, env: Mapping[str, str]) -> int:
         finally:
             flight.end()
     return done
+
+
+def _refs_stamp(gitdir: str) -> list:
+    """The stat of HEAD, packed-refs and every directory under refs/: a ref
+    written or deleted changes one (git renames a ref's lock into place)."""
+    import os  # startup: only where a push landed
+    out = []
+    for path in (os.path.join(gitdir, "HEAD"), os.path.join(gitdir, "packed-refs")):
+        try:
+            st = os.stat(path)
+            out.append((path, st.st_ino, st.st_mtime_ns))
+        except OSError:
+            out.append((path, None, None))
+    for top, dirs, _ in os.walk(os.path.join(gitdir, "refs")):
+        try:
+            st = os.stat(top)
+            out.append((top, st.st_ino, st.st_mtime_ns))
+        except OSError:
+            out.append((top, None, None))
+        dirs.sort()
+    return out
 
 
 def _record(env: dict, body: bytes) -> bool:
