@@ -520,6 +520,31 @@ def _free(path: Path) -> None:
     _wait(f"the flock on {path} to be let go", lambda: not _locked(path))
 
 
+def test_a_push_starts_no_pre_warmer_while_one_runs(root, server_factory, tmp_path):
+    """prewarm.kick() as a CGI push calls it (a detached program each): while
+    a pre-warmer holds the repository's mutex none is started (a burst of
+    pushes started a program per push, each to find the mutex held); the
+    running one warms every version landing before it lets go and looks once
+    more after. Once the mutex is free, a push starts one."""
+    import fcntl
+    from aspen_cgi.fetch import prewarm
+    repo = root / "repo.git"
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(tmp_path / "run"))
+    _clone_ok(f"{server.url}/repo.git", tmp_path / "demand", repo, "--depth", "1")   # depth-1 clones asked for
+    mutex = _cache_dir(root) / prewarm.MUTEX
+    env = dict(os.environ, GIT_DIR=str(repo), ASPEN_RUN_DIR=str(tmp_path / "run"))
+    fd = os.open(mutex, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert prewarm.running(str(_cache_dir(root)))
+        assert prewarm.kick(str(repo), env, in_process=False) is False
+    finally:
+        os.close(fd)
+    assert not prewarm.running(str(_cache_dir(root)))
+    assert prewarm.kick(str(repo), env, in_process=False) is True
+    _free(mutex)
+
+
 def test_prewarm_other_branches_and_off_leave_the_cache_cold(root, server_factory, tmp_path):
     """Where depth-1 clones are asked for, a push to a branch other than
     HEAD's pre-warms nothing (ASPEN_PREWARM=default), nor does a push to

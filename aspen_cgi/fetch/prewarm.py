@@ -48,6 +48,8 @@ from ..model.objectid import ZERO, is_null
 from ..protocol import pktline
 from .demand import demanded
 
+MUTEX = "prewarm.mutex"     # in the cache directory: held by the running pre-warmer of its repository
+
 
 def policy(s: aspen_settings.Settings) -> str:
     """ASPEN_PREWARM (settings.py): `default`, `all` or `off`."""
@@ -159,39 +161,44 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
         _make_dir(settings.directory, gitdir, sdir, guard)
         guard.watch(settings.directory)
         guard.check()
-        mutex = os.path.join(settings.directory, "prewarm.mutex")
-        lock = os.open(mutex, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            guard.watch(mutex)
+        mutex = os.path.join(settings.directory, MUTEX)
+        done, seen = 0, -1
+        while True:
+            lock = os.open(mutex, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return 0
-            done, seen = 0, -1
-            while True:
-                if store is None:
-                    store = open_store(gitdir, env, guard)
-                    if store is None:
-                        return done
-                guard.check()
-                version = store.sync()
-                if version == seen:
+                guard.watch(mutex)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
                     return done
-                wait = quiet - (time.time() - store.latest_at())
-                if wait > 0:             # pushes are landing: warm only the version they stop at
-                    time.sleep(min(wait, 0.25))
-                    continue
-                seen = version
-                snap = store.snapshot(None)
-                refs = snap.by_name()
-                updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
-                for body in requests_for(snap.head_target, updated, mode):
-                    if _compute(gitdir, env, body, guard, store):
-                        done += 1
-                        guard.check()
-                        stats.record(settings.directory, "prewarm", 0)
-        finally:
-            os.close(lock)
+                while True:
+                    if store is None:
+                        store = open_store(gitdir, env, guard)
+                        if store is None:
+                            return done
+                    guard.check()
+                    version = store.sync()
+                    if version == seen:
+                        break
+                    wait = quiet - (time.time() - store.latest_at())
+                    if wait > 0:             # pushes are landing: warm only the version they stop at
+                        time.sleep(min(wait, 0.25))
+                        continue
+                    seen = version
+                    snap = store.snapshot(None)
+                    refs = snap.by_name()
+                    updated = {r: refs[r].oid if r in refs else ZERO for r in store.version_refs(version)}
+                    for body in requests_for(snap.head_target, updated, mode):
+                        if _compute(gitdir, env, body, guard, store):
+                            done += 1
+                            guard.check()
+                            stats.record(settings.directory, "prewarm", 0)
+            finally:
+                os.close(lock)
+            # a push that landed before the mutex was let go found it held and started no
+            # pre-warmer (kick): this one looks once more
+            if store.sync() == seen:
+                return done
     except Exception:
         if guard.alive():
             raise
@@ -201,13 +208,37 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
         raise RepositoryGone(gitdir) from None
 
 
+def running(directory: str) -> bool:
+    """Whether a pre-warmer holds the mutex in the cache DIRECTORY: it warms
+    every version that lands before it lets go (run)."""
+    try:
+        fd = os.open(os.path.join(directory, MUTEX), os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     """Pre-warm after a push, where depth-1 clones are asked for: a
-    low-priority thread here, or a detached program. Whether one started."""
+    low-priority thread here, or a detached program, unless a pre-warmer of
+    the repository runs (a burst of pushes under CGI started a program per
+    push, each to find the mutex held: an interpreter's start of CPU each).
+    Whether one started."""
     from ..runtime.statedir import state_dir  # startup
     from ..runtime.repoguard import RepositoryGone  # startup
+    from ..cache import responses  # startup
     config = aspen_settings.of(env)
-    if policy(config) == "off" or not demanded(state_dir(gitdir, config), config):
+    sdir = state_dir(gitdir, config)
+    if policy(config) == "off" or not demanded(sdir, config):
+        return False
+    cache = responses.settings(sdir, config)
+    if cache is not None and running(cache.directory):
         return False
     child = gitexec.child_env(env).without("GIT_NAMESPACE")
     if in_process:
