@@ -120,6 +120,34 @@ def test_v2_ls_refs_is_replayed_until_an_input_changes(repo):
     assert len(seen) >= 5
 
 
+def test_receive_pack_advertisement_is_replayed_until_a_ref_changes_never_with_a_nonce_or_alternates(repo):
+    """A push's first request: recorded and replayed as the upload-pack
+    advertisement is, with the same bytes, until a ref changes; never with
+    receive.certNonceSeed (a nonce each time) or alternates (their refs are
+    shown as .have and are not among the watched inputs)."""
+    root, bare, home = repo
+    git("config", "http.receivepack", "true", cwd=str(bare))
+    env = _env(root, home, QUERY_STRING="service=git-receive-pack")
+    first = _settled(env, b"", bare, home)
+    assert first.status == 200 and b"report-status" in first.body
+    git("update-ref", "refs/heads/main", "main~1", cwd=str(bare))
+    after = _settled(env, b"", bare, home)
+    assert after.body != first.body
+    git("config", "receive.certNonceSeed", "s3cret", cwd=str(bare))
+    _age(bare, home)
+    for _ in range(2):
+        res, replayed = _ask(env)
+        assert res.status == 200 and b"push-cert=" in res.body and not replayed
+    git("config", "--unset", "receive.certNonceSeed", cwd=str(bare))
+    other = make_history(root / "other.git", commits=2)
+    (bare / "objects" / "info").mkdir(exist_ok=True)
+    (bare / "objects" / "info" / "alternates").write_text(str(other / "objects") + "\n")
+    _age(bare, home, other)
+    for _ in range(2):
+        res, replayed = _ask(env)
+        assert res.status == 200 and b".have" in res.body and not replayed
+
+
 def test_what_varies_per_client_shares_an_answer_and_the_user_does_not(repo):
     root, bare, home = repo
     env = _env(root, home, REMOTE_ADDR="10.0.0.1", HTTP_USER_AGENT="git/2.39.5")

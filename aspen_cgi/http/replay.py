@@ -5,6 +5,9 @@ the same bytes back without the request pipeline, its imports or a git child.
 
 Recorded: upload-pack advertisements (`GET info/refs?service=git-upload-pack`,
 any protocol version) and v2 `ls-refs` answers, which is what pollers send,
+receive-pack advertisements (each push's first request; not with a
+push-certificate nonce, which changes every time, nor with alternates, whose
+refs it shows and this module does not watch),
 and fetches the response cache answered from a complete entry (a clone storm:
 one request in the pipeline, the rest replayed), kept as a reference to the
 cache entry, whose identity is one of the inputs. An entry holds the
@@ -119,7 +122,8 @@ def kind(env: Mapping[str, str]) -> Optional[str]:
     method = env.get("REQUEST_METHOD")
     path = env.get("PATH_INFO", "")
     if method == "GET":
-        if path.endswith("/info/refs") and env.get("QUERY_STRING") == "service=git-upload-pack":
+        if path.endswith("/info/refs") and env.get("QUERY_STRING") in ("service=git-upload-pack",
+                                                                       "service=git-receive-pack"):
             return "advert"
     elif method == "POST" and path.endswith("/git-upload-pack"):
         if env.get("CONTENT_TYPE") == "application/x-git-upload-pack-request":

@@ -83,6 +83,9 @@ def advertise(ctx) -> Iterator[bytes]:
     version = ctx.protocol_version if ctx.protocol_version == 1 else 0
     snap, caps, shallow = ctx.snapshot(None), _caps(ctx), tuple(shallow_roots(ctx.gitdir))
     alternates = tuple(_alternate_tips(ctx))
+    # http/replay.py may record it: not a nonce (new each time), nor alternates' refs (not among its inputs)
+    ctx.trace["replayable"] = (not ctx.config.includes and ctx.pin is None and caps.push_cert_nonce is None
+                               and not os.path.exists(os.path.join(ctx.gitdir, "objects", "info", "alternates")))
     key = (caps, shallow, version, alternates, ctx.namespace, HiddenRefs.from_config(ctx.config, "receive").patterns)
     return iter([_memo.get(snap, key, lambda: b"".join(
         adv.receive_v0(advertise_lines(ctx, snap, alternates), caps, shallow, version)))])
