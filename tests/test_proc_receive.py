@@ -1110,14 +1110,21 @@ def test_store_has_nothing_for_a_hook_that_writes_nothing(root, server_factory, 
     assert h.git("cat-file", "-e", tip, cwd=str(repo), check=False).returncode == 0
 
 
-def test_hook_deleting_and_moving_refs(root, server_factory, tmp_path):
-    """A hook may move or delete refs the push never named: the store follows the disk."""
+def _topic_for_hook(root, server_factory, tmp_path):
+    """A server taking refs/for/ through proc-receive, a clone with one new
+    commit: (repository, server, work tree, topic's value, the new commit)."""
     repo = pk.enable_push(root / "repo.git")
     h.git("config", "--add", "receive.procReceiveRefs", "refs/for", cwd=str(repo))
     srv = server_factory(root)
     work = pk.clone(f"{srv.url}/repo.git", tmp_path / "work")
     old_topic = pk.rev(repo, "topic")
     tip = pk.commit(work, "change")
+    return repo, srv, work, old_topic, tip
+
+
+def test_hook_deleting_and_moving_refs(root, server_factory, tmp_path):
+    """A hook may move or delete refs the push never named: the store follows the disk."""
+    repo, srv, work, old_topic, tip = _topic_for_hook(root, server_factory, tmp_path)
     _agit_hook(repo, {"A": tip, "B": tip, "ZERO_OID": ZERO}, ["ok refs/for/topic", "option refname refs/heads/topic",
                                                                f"option old-oid {old_topic}", "option forced-update"],
                [f"git update-ref refs/heads/topic {tip}", "git update-ref -d refs/tags/light"])
@@ -1135,12 +1142,7 @@ def test_a_fetch_while_the_hook_runs_leaves_its_changes_to_its_push(root, server
     """A fetch (or a builder) syncing the store while the hook is still
     running sees the ref the hook moved; it records no `external` version
     of it (refstore/hookruns.py): the push's version has the change."""
-    repo = pk.enable_push(root / "repo.git")
-    h.git("config", "--add", "receive.procReceiveRefs", "refs/for", cwd=str(repo))
-    srv = server_factory(root)
-    work = pk.clone(f"{srv.url}/repo.git", tmp_path / "work")
-    old_topic = pk.rev(repo, "topic")
-    tip = pk.commit(work, "change")
+    repo, srv, work, old_topic, tip = _topic_for_hook(root, server_factory, tmp_path)
     moved, go = tmp_path / "moved", tmp_path / "go"
     _agit_hook(repo, {"A": tip, "B": tip, "ZERO_OID": ZERO}, ["ok refs/for/topic", "option refname refs/heads/topic",
                                                                f"option old-oid {old_topic}", "option forced-update"],
