@@ -4,7 +4,7 @@ imports only the request pipeline and writes stock's exact header block.
 Limits (http/limits.py): the body is read from the pipe Apache gives us with
 ASPEN_IDLE_TIMEOUT between bytes, and the answer written with the same idle
 bound; ASPEN_REQUEST_TIMEOUT is checked at every read and answer chunk.
-Apache's own Timeout (default 60 s) also bounds both sides of the client.
+Apache's own Timeout (300 s as Debian ships it) also bounds both sides of the client.
 
 Its first steps (the settings, a recorded answer: http/replay.py) use posix,
 the builtin os is made of, and not os itself, whose import costs about a

@@ -53,6 +53,7 @@ COUNT = "count"             # a whole number >= 1 -> int
 COUNT0 = "count0"           # a whole number >= 0 -> int
 PATH = "path"               # a path, as given -> str
 HEADER = "header"           # an HTTP header name -> str
+NAME = "name"               # a name of letters, digits, `-`, `.` and `_` -> str
 DB_URL = "db-url"           # a postgresql:// (or postgres://) connection URL -> str
 # A mode is a dict: each accepted word (lower case) -> the value it means.
 
@@ -67,6 +68,7 @@ ACCEPTED = {
     COUNT0: "a whole number from `0`",
     PATH: "a directory",
     HEADER: "an HTTP header name (`X-Remote-User`)",
+    NAME: "a name of letters, digits, `-`, `.` and `_` (`git-eu`)",
     DB_URL: "a `postgresql://` URL (libpq's: `postgresql://aspen@db.example/aspen`)",
 }
 
@@ -118,7 +120,7 @@ TABLE = (
      "docs/cluster.md), not in SQLite files; needs the `cluster` extra (psycopg)"),
     ("ASPEN_REFSTORE_POOL", "refstore_pool", COUNT, 4, "`4`", None,
      "connections to that database per server process (its pool's most)"),
-    ("ASPEN_CLUSTER", "cluster", HEADER, None, "unset", None,
+    ("ASPEN_CLUSTER", "cluster", NAME, None, "unset", None,
      "the name of the tree of repositories this server serves with others from one ASPEN_REFSTORE_URL: "
      "a store is known by this name and the repository's path under GIT_PROJECT_ROOT, the same on every "
      "node; unset: by the repository's absolute path"),
@@ -168,8 +170,9 @@ TABLE = (
     # stored packs
     ("ASPEN_VERSION_PACKS", "version_packs", _VERSION_PACKS, "auto", "`auto`",
      "`auto`, `off` (or a boolean)",
-     "build a pack for every version after it lands, and answer fetches from stored packs; `off`: git "
-     "answers every fetch"),
+     "build a pack for every version after it lands, and answer fetches from stored packs; `off`: no pack "
+     "is built or kept from a push, so git answers every fetch that needs a version landed since (one "
+     "whose versions all have packs built before is still answered from them)"),
     ("ASPEN_BUILD_WAIT_MS", "build_wait", MILLISECONDS, 0.05, "`50`", None,
      "the most a fetch waits for its versions' packs, and only when each is made in milliseconds (a client's"
      " pack adopted, no git run); never for a pack git must build: git answers at once; `0`: never waits"),
@@ -252,6 +255,10 @@ def _parse(kind, text: str):
         return text
     if kind is HEADER:
         if not all(c in _TOKEN for c in text):
+            raise ValueError(text)
+        return text
+    if kind is NAME:
+        if not text or not all(c.isascii() and (c.isalnum() or c in "-._") for c in text):
             raise ValueError(text)
         return text
     if kind is DB_URL:

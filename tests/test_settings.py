@@ -38,9 +38,10 @@ BAD = [
     ("ASPEN_PREWARM", "sometimes", "default, all, off"),
     ("ASPEN_VERSION_PACKS", "later", "auto, off (or a boolean)"),
     ("ASPEN_REMOTE_USER_HEADER", "X Remote User", "an HTTP header name"),
+    ("ASPEN_CLUSTER", "git/eu", "a name of letters, digits, -, . and _ (git-eu)"),
 ]
 BAD_IDS = [f"{kind}-{name}" for (name, _, _), kind in zip(BAD, (
-    "switch", "size", "seconds", "milliseconds", "any-seconds", "count", "count0", "mode", "mode-or-switch", "header"))]
+    "switch", "size", "seconds", "milliseconds", "any-seconds", "count", "count0", "mode", "mode-or-switch", "header", "name"))]
 
 
 def _message(name: str, value: str, accepted: str) -> str:
@@ -125,6 +126,7 @@ def test_defaults_and_each_kind_parsed():
     assert one("ASPEN_VERSION_PACKS", "false") == "off"
     assert one("ASPEN_VERSION_PACKS", "on") == "auto"
     assert one("ASPEN_REMOTE_USER_HEADER", "X-Remote-User") == "X-Remote-User"
+    assert one("ASPEN_CLUSTER", "git-eu.2_b") == "git-eu.2_b"
     assert one("ASPEN_STATE_DIR", "") is None                   # empty is unset
 
 

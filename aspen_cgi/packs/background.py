@@ -51,9 +51,10 @@
   makes that `rm` fail (ENOTEMPTY); the file is removed when the builder
   notices, so nothing stays.
 
-On by default; ASPEN_VERSION_PACKS=off turns it off (every fetch is then
-git's). `aspen import REPO` builds the same packs by hand, after waiting for
-a running builder."""
+On by default; ASPEN_VERSION_PACKS=off turns it off (git answers every fetch
+that needs a version landed since; packs built before are still used).
+`aspen import REPO` builds the same packs by hand, after waiting for a
+running builder."""
 
 from __future__ import annotations
 

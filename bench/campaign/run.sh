@@ -88,6 +88,9 @@ else
     --protocols "${BENCH_PROTOCOLS:-0,2}" \
     || step 3600 random-fetch --preset "${BENCH_RANDOM_PRESET:-small}" --fetches "$small_f" \
     --protocols "${BENCH_PROTOCOLS:-0,2}" || failed+=(random-fetch)
+  # the busy repository against stock as shipped and as a careful operator keeps it (issue 40)
+  targets="${BENCH_BUSY_TARGETS:-aspen,stock,stock-maintained}" step 1800 busy-repo --preset "$preset" \
+    || failed+=(busy-repo)
   step "${BENCH_LAGGING_LIMIT:-3600}" lagging-clients --preset "${BENCH_LAGGING_PRESET:-small}" \
     --fetches "${BENCH_LAGGING_FETCHES:-120}" --protocols "${BENCH_PROTOCOLS:-0,2}" || failed+=(lagging-clients)
 fi
