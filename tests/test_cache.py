@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -518,6 +519,25 @@ def _locked(path: Path) -> bool:
 def _free(path: Path) -> None:
     """Wait until nobody holds PATH's flock(), without taking it."""
     _wait(f"the flock on {path} to be let go", lambda: not _locked(path))
+
+
+@pytest.mark.parametrize("kind", ["gunicorn", "cgi"])
+def test_a_cache_that_cannot_be_written_is_said_in_the_log(kind, root, server_factory, cgi_server_factory, tmp_path):
+    """Where the cache directory cannot be made (here a file stands in its
+    place, as a directory a command run as another user left does for the
+    server's user), every depth-1 clone is computed uncached and correct,
+    and the server's log says why, each time."""
+    env = dict(ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(tmp_path / "run"))
+    server = server_factory(root, **env) if kind == "gunicorn" else cgi_server_factory(root, "aspen", **env)
+    repo = root / "repo.git"
+    git("ls-remote", f"{server.url}/repo.git", cwd=str(tmp_path))       # the repository's aspen/ exists
+    _cache_dir(root).write_text("not a directory\n")
+    for i in range(2):
+        _clone_ok(f"{server.url}/repo.git", tmp_path / f"c{i}", repo, "--depth", "1")
+    log = server.log_text()
+    said = re.findall(r"aspen: the response cache \S+ cannot be written \((\w+): [^)]*\); answering uncached", log)
+    assert len(said) >= 2 and set(said) <= {"FileExistsError", "NotADirectoryError"}, log[-3000:]
+    assert "cache=uncached" in log
 
 
 def test_a_push_starts_no_pre_warmer_while_one_runs(root, server_factory, tmp_path):

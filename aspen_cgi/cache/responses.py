@@ -5,7 +5,8 @@ process, sent once complete to those of other processes; otherwise this request 
 computation (cold) in a producer thread that outlives its client, and
 follows it like every other request. Whatever goes wrong with the cache
 (full disk, corrupt entry, a producer that died before the first byte) the
-request computes its answer itself (uncached): never an error.
+request computes its answer itself (uncached): never an error for the
+client; a cache it cannot write says so in the server's log.
 
 An interim answer (git's own for a depth-1 clone, see fetch/depth1.py) is
 marked so in its entry; INTERIM() is called once that entry is published,
@@ -14,6 +15,7 @@ answer's build in the background, at most one at a time)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from dataclasses import dataclass
@@ -59,7 +61,7 @@ def make_dir(s: Settings) -> None:
     if os.path.isdir(s.directory):
         return
     if s.repo is None:
-        os.makedirs(s.directory, exist_ok=True)
+        os.makedirs(s.directory, exist_ok=True)     # FileExistsError where a file stands in its place
         return
     repo = s.repo.rstrip("/") or "/"
     if not os.path.isfile(os.path.join(repo, "HEAD")):
@@ -73,7 +75,8 @@ def make_dir(s: Settings) -> None:
         try:
             os.mkdir(d)
         except FileExistsError:
-            pass
+            if not os.path.isdir(d):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), d) from None
 
 
 @dataclass
@@ -121,7 +124,10 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
            interim: Optional[Callable[[], None]] = None, judge: Optional[Judge] = None) -> Answer:
     try:
         make_dir(s)
-    except OSError:
+    except FileNotFoundError:
+        return _uncached(s, compute)        # the repository is going (a pre-warmer's)
+    except OSError as e:
+        log.append(_unwritable(s, e))
         return _uncached(s, compute)
     name = key.name
     for _ in range(3):
@@ -146,7 +152,8 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
         try:
             producer = Producer.begin(s.directory, name, key.version,
                                       entries.DEPTH1_STOCK if interim is not None else 0)
-        except OSError:
+        except OSError as e:
+            log.append(_unwritable(s, e))
             break
         if producer is None:
             continue            # another request began it (or finished it) just now: look again
@@ -161,6 +168,14 @@ def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
                          name="aspen-cache-producer").start()
         return Answer("cold", _followed(s, follower, "cold", compute, log))
     return _uncached(s, compute)
+
+
+def _unwritable(s: Settings, error: OSError) -> str:
+    """The server log's line for a cache this request could not write: the
+    answer is computed uncached, and so is every answer until it is fixed
+    (e.g. a directory left by a command run as another user)."""
+    return (f"aspen: the response cache {s.directory} cannot be written ({error.__class__.__name__}: "
+            f"{error.strerror or error}); answering uncached\n")
 
 
 def entry_span(hit: EntryFile) -> tuple[str, int, int]:
