@@ -222,8 +222,9 @@ def _after(traces: list, env: dict) -> None:
     """Once a request's client has its answer: a push that updated refs gets
     its repository's recorded listings computed again (http/replayrefresh.py)."""
     trace = traces[0] if traces else {}
-    if trace.get("service") != "receive-pack" or not str(trace.get("push", "")).startswith("ok=") \
-            or trace.get("push", "").startswith("ok=0,") or "gitdir" not in trace:
+    pushed = str(trace.get("push", ""))           # ok=N,ng=M
+    if trace.get("service") != "receive-pack" or not pushed.startswith("ok=") or pushed.startswith("ok=0,") \
+            or "gitdir" not in trace:
         return
     try:
         from .http import replayrefresh  # startup: only where a push landed

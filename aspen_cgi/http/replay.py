@@ -184,14 +184,8 @@ def listings(state: str) -> list[tuple[dict, bytes]]:
                 data = f.read(MAX_ANSWER + 65536)
         except OSError:
             continue
-        if not data.startswith(MAGIC):
-            continue
-        end = data.find(b"\n", len(MAGIC))
-        try:
-            size = int(data[len(MAGIC):end].split(b" ")[0])
-        except ValueError:
-            continue
-        got = _unkey(data[end + 1:end + 1 + size])
+        parts = _parts(data)
+        got = _unkey(parts[0]) if parts is not None else None
         if got is None:
             continue
         k = kind(got[0])
@@ -300,7 +294,8 @@ class Flight:
             self.fd = -1
 
 
-def _parse(data: bytes, key: bytes) -> Optional[Recorded]:
+def _parts(data: bytes) -> Optional[list[bytes]]:
+    """An entry's seven parts (key, stats, fields, head, answer, file, effects), or None."""
     if not data.startswith(MAGIC):
         return None
     end = data.find(b"\n", len(MAGIC))
@@ -315,7 +310,12 @@ def _parse(data: bytes, key: bytes) -> Optional[Recorded]:
     for n in sizes:
         parts.append(data[pos:pos + n])
         pos += n
-    if pos != len(data) or parts[0] != key:
+    return parts if pos == len(data) else None
+
+
+def _parse(data: bytes, key: bytes) -> Optional[Recorded]:
+    parts = _parts(data)
+    if parts is None or parts[0] != key:
         return None
     names = parts[1].split(b"\0")[0::2]
     if parts[1] != _stats([n.decode("utf-8", "surrogateescape") for n in names]):
@@ -335,6 +335,13 @@ def _inputs(repo: str, gitdir: str, env: Mapping[str, str]) -> list[str]:
         paths.append(_dirname(gitdir))     # a work tree's owner counts too (paths.check_ownership)
     paths += [gitdir] + [_join(gitdir, n) for n in (
         "HEAD", "packed-refs", "objects", "git-daemon-export-ok", "shallow", "commondir")]
+    return paths + ref_dirs(gitdir) + sources(gitdir, env)
+
+
+def ref_dirs(gitdir: str) -> list[str]:
+    """refs/ and every directory under it: git renames a ref's lock into place,
+    which changes its directory."""
+    paths = []
     stack = [_join(gitdir, "refs")]
     while stack:
         d = stack.pop()
@@ -344,8 +351,13 @@ def _inputs(repo: str, gitdir: str, env: Mapping[str, str]) -> list[str]:
                 stack.extend(sorted((e.path for e in it if e.is_dir(follow_symlinks=False)), reverse=True))
         except OSError:
             pass
-    paths += sources(gitdir, env)
     return paths
+
+
+def refs_stamp(gitdir: str) -> bytes:
+    """The stat of HEAD, packed-refs and every directory under refs/: a ref
+    written or deleted changes it."""
+    return _stats([_join(gitdir, "HEAD"), _join(gitdir, "packed-refs")] + ref_dirs(gitdir))
 
 
 def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer: bytes, trace: Mapping,

@@ -19,6 +19,7 @@ requests, nowhere."""
 
 from __future__ import annotations
 
+import io
 import time
 from typing import Mapping
 
@@ -29,27 +30,15 @@ from . import replay
 SETTLE_S = replay.RACY_NS / 1e9 + 0.01
 
 
-class _Body:
-    """A request body known whole."""
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def read(self, n: int = -1) -> bytes:
-        out = self.data if n < 0 else self.data[:n]
-        self.data = self.data[len(out):]
-        return out
-
-
 def refresh(gitdir: str, env: Mapping[str, str]) -> int:
     """Compute again and record the stale listings recorded for GITDIR (ENV:
     the push's environment, for the settings); how many were recorded."""
     wanted = replay.listings(state_dir(gitdir, settings.of(env)))
     if not wanted:
         return 0
-    before = _refs_stamp(gitdir)
+    before = replay.refs_stamp(gitdir)
     time.sleep(SETTLE_S)
-    if _refs_stamp(gitdir) != before:
+    if replay.refs_stamp(gitdir) != before:
         return 0                                    # another push landed: its worker records them
     done = 0
     for request_env, body in wanted:
@@ -66,34 +55,13 @@ def refresh(gitdir: str, env: Mapping[str, str]) -> int:
     return done
 
 
-def _refs_stamp(gitdir: str) -> list:
-    """The stat of HEAD, packed-refs and every directory under refs/: a ref
-    written or deleted changes one (git renames a ref's lock into place)."""
-    import os  # startup: only where a push landed
-    out = []
-    for path in (os.path.join(gitdir, "HEAD"), os.path.join(gitdir, "packed-refs")):
-        try:
-            st = os.stat(path)
-            out.append((path, st.st_ino, st.st_mtime_ns))
-        except OSError:
-            out.append((path, None, None))
-    for top, dirs, _ in os.walk(os.path.join(gitdir, "refs")):
-        try:
-            st = os.stat(top)
-            out.append((top, st.st_ino, st.st_mtime_ns))
-        except OSError:
-            out.append((top, None, None))
-        dirs.sort()
-    return out
-
-
 def _record(env: dict, body: bytes) -> bool:
     from .backend import handle  # startup: only where a push landed
     from .limits import Limits  # startup
     from .message import Request  # startup
     started_ns = time.time_ns()
     limits = Limits.from_env(env)
-    resp = handle(Request(env, _Body(body), None, limits))
+    resp = handle(Request(env, io.BytesIO(body), None, limits))
     try:
         if resp.status != 200 or resp.log or not resp.trace.get("replayable") or "replay_file" in resp.trace:
             return False

@@ -199,7 +199,7 @@ class Push:
 
         unpack_error = None
         states = [CommandState(c, i) for i, c in enumerate(req.commands)]
-        clock = self.clock = _Phases(self.ctx.trace)
+        self.clock = _Phases(self.ctx.trace)
         if not req.delete_only:
             self.shallow = shallowpush.prepare(self.gitdir, self.ctx.env, req.shallow) if req.shallow else None
             unpack_error = yield from self._unpack()
@@ -209,14 +209,14 @@ class Push:
         if self.cert is not None and not self.cert.options_agree(req.push_options):
             for s in states:
                 s.error = "inconsistent push options"
-        clock.lap("intake")
+        self.clock.lap("intake")
         yield from self._execute(states, unpack_error, req.push_options)
-        clock.lap("refs")
+        self.clock.lap("refs")
         if self.sent is not None and any(s.error is None for s in states):
             self.sent.keep(self._listing(states))
             self.sent = None
             self._adopt_sent()
-            clock.lap("adopt")
+            self.clock.lap("adopt")
         self._cleanup()
 
         results = [RefResult(s.cmd.ref, s.error, s.reports) for s in states]
@@ -239,7 +239,7 @@ class Push:
             gitexec.git(["update-server-info"], cwd=self.gitdir, env=self.ctx.env)
         if ok:
             self._background_work()
-        clock.lap("after")
+        self.clock.lap("after")
         if neg.sideband:
             yield pktline.FLUSH
 
