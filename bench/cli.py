@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run workloads and write a results folder",
                        description="Run WORKLOADs (or `all`) against each target over its own copy of the "
-                                   "same repository, and write results/<date>-<machine>/.")
+                                   "same repository, and write bench/results/<date>-<machine>/.")
     r.add_argument("workloads", nargs="+", metavar="WORKLOAD", help="workload names (see `aspen-bench list`), or `all`")
     r.add_argument("--targets", default=DEFAULT_TARGETS,
                    help="comma-separated: aspen, aspen-packs, aspen-git, stock, stock-maintained, stock-apache, aspen-apache, aspen-modwsgi, url:NAME=URL "
@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--pool", type=int, help="client threads for concurrent workloads (default: one per job)")
     r.add_argument("--server-workers", type=int, help="gunicorn workers per target (default: targets' default)")
     r.add_argument("--server-threads", type=int, help="gunicorn threads per worker (default: targets' default)")
-    r.add_argument("--out", type=Path, default=Path("results"),
+    r.add_argument("--out", type=Path, default=Path("bench/results"),
                    help="parent of the results folder (default %(default)s/)")
     r.add_argument("--machine", help="machine tag in the folder name (default: $ASPEN_BENCH_MACHINE or hostname)")
     r.add_argument("--results-dir", type=Path,
@@ -116,10 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "worker kill -9, git child kill -9 and SQLite locks held by another process "
                                     "are injected at random; then check that no acknowledged push was lost, "
                                     "aspen verify and git fsck are clean and a final clone is correct. Writes "
-                                    "results/<date>-faults/ (summary.json, README.md).")
+                                    "bench/results/<date>-faults/ (summary.json, README.md).")
     fl.add_argument("--seconds", type=float, default=60.0, help="how long to inject faults (default %(default)s)")
     fl.add_argument("--seed", type=int, default=1, help="random seed of the fault schedule (default %(default)s)")
-    fl.add_argument("--out", type=Path, help="results folder (default results/<date>-faults)")
+    fl.add_argument("--out", type=Path, help="results folder (default bench/results/<date>-faults)")
     fl.add_argument("--keep", action="store_true", help="keep the scratch directory")
     fl.set_defaults(func=cmd_faults)
 
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--targets", default=None,
                     help="comma-separated targets (default all): pktline, upload-v0, upload-v2, capabilities, "
                          "cgi-vars, receive-commands, pack-header, body, pipeline, push, cgi, http-wire")
-    fz.add_argument("--out", type=Path, default=Path("results"),
+    fz.add_argument("--out", type=Path, default=Path("bench/results"),
                     help="parent of the results folder (default %(default)s/)")
     fz.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
     fz.add_argument("--keep", action="store_true", help="keep the scratch directory")

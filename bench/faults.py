@@ -630,7 +630,7 @@ def write_results(summary: Summary, out: Path) -> None:
 def cmd(args) -> int:
     """The `faults` subcommand."""
     from .progress import say
-    out = Path(args.out) if args.out else PROJECT / "results" / (time.strftime("%Y-%m-%d") + "-faults")
+    out = Path(args.out) if args.out else PROJECT / "bench" / "results" / (time.strftime("%Y-%m-%d") + "-faults")
     workdir = Path(__import__("tempfile").mkdtemp(prefix="aspen-faults-"))
     try:
         summary = soak(args.seconds, workdir, args.seed, say)

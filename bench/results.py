@@ -1,6 +1,6 @@
 """The results folder: raw JSON lines in, Markdown tables and PNG plots out.
 
-Layout of `results/<YYYY-MM-DD>-<machine tag>/`:
+Layout of `bench/results/<YYYY-MM-DD>-<machine tag>/`:
 
     raw.jsonl      one header record per run ({"type": "run", "run": id, "machine": {...}, "args": {...}}),
                    one record per Measurement ({"type": "measurement", "run": id, "workload", "target",

@@ -1,5 +1,5 @@
 """`aspen-bench fuzz`: capture the seed corpus, fuzz each target for its
-share of the time, print a table, write results/<date>-fuzz/."""
+share of the time, print a table, write bench/results/<date>-fuzz/."""
 
 from __future__ import annotations
 
