@@ -884,6 +884,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that read or write a repository's files: run as root, they act as its owner
+AS_OWNER = ("log", "verify", "undo", "restore", "compact", "import", "query", "stats", "replica")
+
+
+def _repo_paths(args: argparse.Namespace) -> list[str]:
+    """The command's repository paths, made absolute (acting as the owner may change directory)."""
+    if isinstance(args.repo, list):
+        args.repo = [os.path.abspath(r) for r in args.repo]
+        paths = list(args.repo)
+    else:
+        args.repo = os.path.abspath(args.repo)
+        paths = [args.repo]
+    if getattr(args, "export", None) and args.export != "-":
+        args.export = os.path.abspath(args.export)
+    if args.command == "replica" and args.all and os.environ.get("GIT_PROJECT_ROOT"):
+        paths.append(os.environ["GIT_PROJECT_ROOT"])
+    return paths
+
+
+def _act_as_owner(args: argparse.Namespace) -> int:
+    """Run as root, become the owner of the repositories named (0), or say why not (1)."""
+    if args.command not in AS_OWNER or os.geteuid() != 0:
+        return 0
+    from .runtime import runas  # startup
+    paths = _repo_paths(args)
+    owners = runas.owners_of(paths)
+    if all(o.uid == 0 for o in owners):
+        return 0
+    if len(owners) > 1:
+        named = ", ".join(f"{p} ({runas.owner_of(p).name})" for p in paths)
+        print(f"aspen {args.command}: the repositories belong to different users: {named}; "
+              f"run it once per owner, as that owner", file=sys.stderr)
+        return 1
+    owner = owners[0]
+    existing = [p for p in paths if os.path.exists(p)]
+    try:
+        runas.become(owner)
+    except runas.CannotActAs as e:
+        print(f"aspen {args.command}: {paths[0]} belongs to {owner.name} and root cannot act as that user "
+              f"here ({e}); run it as the owner: sudo -u {owner.name} aspen {args.command} ...", file=sys.stderr)
+        return 1
+    print(f"aspen {args.command}: acting as {owner.name}, the owner of {paths[0]}", file=sys.stderr)
+    for p in existing:
+        if not os.access(p, os.R_OK | os.X_OK):
+            print(f"aspen {args.command}: {owner.name} cannot reach {p}: a directory above it is closed to that "
+                  f"user (and to a server running as it)", file=sys.stderr)
+            return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -896,6 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     except settings.SettingsError as e:
         print(e, file=sys.stderr)
         return 2
+    if _act_as_owner(args):
+        return 1
     rc = args.func(args)
     if args.command == "import" and _RECORDED:
         from .fetch.prewarm import after_import  # startup

@@ -330,6 +330,11 @@ def of(env: Optional[Mapping[str, str]] = None) -> Settings:
     return s
 
 
+def forget() -> None:
+    """Parse again on next use: defaults that depend on the user (ASPEN_RUN_DIR) after a switch of user."""
+    _cache.clear()
+
+
 # -- docs/settings.md --------------------------------------------------------------------------------
 
 BEGIN = "<!-- the table is settings.TABLE: `python -m aspen_cgi.settings --write docs/settings.md` -->"

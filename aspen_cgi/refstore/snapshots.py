@@ -18,7 +18,7 @@ def open_store(gitdir: str, env: Mapping[str, str], log: Optional[list] = None) 
     push's), never longer: then the refs come from the disk."""
     try:
         with db.patience(db.READ_WAIT, keep_outer=True):
-            store = RefStore.open(gitdir, env)
+            store = RefStore.open(gitdir, env, log=log)
             if store is None:
                 return None
             db.retry(store.sync)

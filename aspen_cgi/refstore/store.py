@@ -308,11 +308,13 @@ class RefStore:
         self.imported = False       # this store's sync recorded the repository (version 1)
 
     @classmethod
-    def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True) -> Optional["RefStore"]:
+    def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True,
+             log: Optional[list] = None) -> Optional["RefStore"]:
         """The repository's store, or None when the store is turned off or
-        cannot be kept here (read-only repository without ASPEN_STATE_DIR).
-        With ASPEN_REFSTORE_URL it is in that PostgreSQL database, and the
-        state directory keeps its record beside its packs and ref-lock claims."""
+        cannot be kept here (read-only repository without ASPEN_STATE_DIR:
+        said in LOG). With ASPEN_REFSTORE_URL it is in that PostgreSQL
+        database, and the state directory keeps its record beside its packs
+        and ref-lock claims."""
         s = settings.of(env)
         if _disabled(s):
             return None
@@ -337,7 +339,12 @@ class RefStore:
                 return None if conn is None else cls(gitdir, env, conn, path, create)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
             return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
-        except (OSError, db.Error):
+        except (OSError, db.Error) as e:
+            if log is not None and (isinstance(e, (PermissionError, NotADirectoryError))
+                                    or (os.path.isdir(sdir) and not os.access(sdir, os.W_OK))):
+                log.append(f"aspen: the ref store cannot be kept in {sdir} ({e.__class__.__name__}: {e}); "
+                           f"serving refs from disk (make it writable by the server's user, or set "
+                           f"ASPEN_STATE_DIR)\n")
             return None
 
     # -- keeping in step with the disk -------------------------------------------------------
