@@ -399,26 +399,13 @@ def _exit_leaving_store_open(code: int) -> None:
     os._exit(code)
 
 
-def repositories(root: str) -> list[str]:
-    """Every repository under ROOT (bare, or a work tree's .git) as GIT_PROJECT_ROOT serves them:
-    a directory with HEAD, objects/ and refs/; not looking inside repositories, nor in
-    hidden directories, nor through symbolic links."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if "HEAD" in filenames and "objects" in dirnames and "refs" in dirnames:
-            found.append(dirpath)
-            dirnames[:] = []
-            continue
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") or d == ".git")
-    return sorted(found)
-
-
 def _import_all(args: argparse.Namespace) -> int:
     import threading  # startup
     from .runtime.progress import Bar  # startup
     root = os.path.abspath(args.repo)
     if not os.path.isdir(root):
         raise SystemExit(f"aspen: not a directory: {args.repo}")
+    from .git.discovery import repositories  # startup
     repos = repositories(root)
     bar = Bar("importing repositories", enabled=not args.quiet)
     search = _search(args)
@@ -688,6 +675,13 @@ def _cmd_restore(args: argparse.Namespace) -> int:
                    version, f"restore-{version}")
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from . import doctor  # startup
+    units = args.unit or ["/lib/systemd/system/apache2.service", "/etc/systemd/system/apache2.service"]
+    c = doctor.checkup(args.repo, args.user, args.apache_dir, units, args.url, os.environ)
+    return doctor.report(doctor.examine(c), args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aspen", description="Aspen: a drop-in replacement for git http-backend.",
@@ -860,6 +854,27 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.set_defaults(func=_cmd_replica)
 
+    doc = sub.add_parser("doctor", help="check what breaks deployments, and say how to fix each",
+                         description="Check, on the server, what breaks Aspen deployments, one line each with how to "
+                                     "fix it: the settings and where each came from (the environment, Apache's "
+                                     "SetEnv lines); Apache's CGI or WSGI module; PrivateTmp and the run directory; "
+                                     "then, as the web server's user (root switches to it): the run directory's "
+                                     "admission and build slots and the resident; PostgreSQL and the pack store "
+                                     "in a cluster; and for each repository (those named, else every one under "
+                                     "GIT_PROJECT_ROOT) that it can be read and pushed to, git's ownership check "
+                                     "(safe.directory), that its aspen/ state is writable, the ref store against "
+                                     "the refs on disk and the pack backlog. With --url, a smart-HTTP request to "
+                                     "the server. Exit 1 when something is wrong (a FAIL line).")
+    doc.add_argument("repo", nargs="*", help="repositories to check (default: every one under GIT_PROJECT_ROOT)")
+    doc.add_argument("--user", help="the web server's user (default: APACHE_RUN_USER from Apache's envvars, else "
+                                    "this user)")
+    doc.add_argument("--apache-dir", default="/etc/apache2", help="Apache's configuration (default %(default)s)")
+    doc.add_argument("--unit", action="append", help="the web server's systemd unit file, read for PrivateTmp "
+                                                     "(default: apache2.service's; repeatable)")
+    doc.add_argument("--url", help="a repository's URL on the server: its info/refs must answer as smart HTTP")
+    doc.add_argument("--json", action="store_true", help="print the findings as JSON")
+    doc.set_defaults(func=_cmd_doctor)
+
     st = sub.add_parser("stats", help="response cache, admission and server metrics figures",
                         description="For each repository: requests answered through the response cache, the hit "
                                     "rate (hits and shared over all), bytes served from the cache and computed, "
@@ -942,7 +957,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import settings  # startup
     try:
-        aspen_settings.of(os.environ)       # every command reads them: a bad one stops it before it starts
+        if args.command != "doctor":        # which says what is wrong with them
+            aspen_settings.of(os.environ)   # every command reads them: a bad one stops it before it starts
     except settings.SettingsError as e:
         print(e, file=sys.stderr)
         return 2
