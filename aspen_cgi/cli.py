@@ -868,7 +868,8 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("repo", nargs="*", help="repositories to check (default: every one under GIT_PROJECT_ROOT)")
     doc.add_argument("--user", help="the web server's user (default: APACHE_RUN_USER from Apache's envvars, else "
                                     "this user)")
-    doc.add_argument("--apache-dir", default="/etc/apache2", help="Apache's configuration (default %(default)s)")
+    doc.add_argument("--apache-dir", default=os.environ.get("APACHE_CONFDIR") or "/etc/apache2",
+                     help="Apache's configuration (default: $APACHE_CONFDIR, else /etc/apache2)")
     doc.add_argument("--unit", action="append", help="the web server's systemd unit file, read for PrivateTmp "
                                                      "(default: apache2.service's; repeatable)")
     doc.add_argument("--url", help="a repository's URL on the server: its info/refs must answer as smart HTTP")

@@ -8,6 +8,7 @@ does, with no checkout on its path."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,8 +30,11 @@ SHARED = ["apache/aspen-cgi.conf", "apache/aspen-wsgi.conf", "apache/aspen.wsgi"
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    res = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(CHECKOUT)],
-                         capture_output=True, text=True, timeout=500, cwd=str(CHECKOUT))
+    src = tmp_path_factory.mktemp("src") / "aspen"     # a copy: the build writes build/ and _version.py in it
+    shutil.copytree(CHECKOUT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
+    res = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
+                         capture_output=True, text=True, timeout=500, cwd=str(src))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return out
 
