@@ -677,8 +677,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from . import doctor  # startup
-    units = args.unit or ["/lib/systemd/system/apache2.service", "/etc/systemd/system/apache2.service"]
-    c = doctor.checkup(args.repo, args.user, args.apache_dir, units, args.url, os.environ)
+    c = doctor.checkup(args.repo, args.user, args.apache_dir, args.unit, args.url, os.environ)
     return doctor.report(doctor.examine(c), args.json)
 
 
@@ -866,12 +865,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the refs on disk and the pack backlog. With --url, a smart-HTTP request to "
                                      "the server. Exit 1 when something is wrong (a FAIL line).")
     doc.add_argument("repo", nargs="*", help="repositories to check (default: every one under GIT_PROJECT_ROOT)")
-    doc.add_argument("--user", help="the web server's user (default: APACHE_RUN_USER from Apache's envvars, else "
-                                    "this user)")
+    doc.add_argument("--user", help="the server's user (default: the unit's User=, else APACHE_RUN_USER from "
+                                    "Apache's envvars when Apache runs Aspen, else this user)")
     doc.add_argument("--apache-dir", default=os.environ.get("APACHE_CONFDIR") or "/etc/apache2",
                      help="Apache's configuration (default: $APACHE_CONFDIR, else /etc/apache2)")
-    doc.add_argument("--unit", action="append", help="the web server's systemd unit file, read for PrivateTmp "
-                                                     "(default: apache2.service's; repeatable)")
+    doc.add_argument("--unit", action="append",
+                     help="the server's systemd unit file, read for its Environment=, User= and PrivateTmp "
+                          "(default: apache2.service's when Apache runs Aspen, and "
+                          "/etc/systemd/system/aspen-gunicorn.service where it exists; repeatable)")
     doc.add_argument("--url", help="a repository's URL on the server: its info/refs must answer as smart HTTP")
     doc.add_argument("--json", action="store_true", help="print the findings as JSON")
     doc.set_defaults(func=_cmd_doctor)

@@ -36,7 +36,7 @@ class Checkup:
     user: str                       # the web server's user, as whom the repositories are checked
     env: dict[str, str]             # the server's settings (this process's environment, with Apache's SetEnv)
     apache_dir: str                 # /etc/apache2
-    units: list[str]                # systemd unit files of the web server, read for PrivateTmp
+    units: list[str]                # systemd unit files of the server: Environment=, User=, PrivateTmp
     url: Optional[str] = None
     sources: dict[str, str] = field(default_factory=dict)   # setting -> where it came from
 
@@ -81,19 +81,73 @@ def apache_user(apache_dir: str) -> Optional[str]:
         return None
 
 
-def checkup(repos: list[str], user: Optional[str], apache_dir: str, units: list[str], url: Optional[str],
-            environ: Mapping[str, str]) -> Checkup:
+APACHE_UNITS = ("/lib/systemd/system/apache2.service", "/etc/systemd/system/apache2.service")
+GUNICORN_UNIT = "/etc/systemd/system/aspen-gunicorn.service"
+
+
+def serves_aspen(apache_dir: str) -> bool:
+    """Does Apache's enabled configuration run Aspen (aspen-cgi, or aspen.wsgi)?"""
+    for path in apache_conf_files(apache_dir):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            words = line.split()
+            if words and words[0] in ("ScriptAlias", "WSGIScriptAlias") and \
+                    any("aspen-cgi" in w or w.endswith("aspen.wsgi") for w in words[1:]):
+                return True
+    return False
+
+
+def unit_settings(unit: str) -> tuple[dict[str, tuple[str, str]], Optional[str]]:
+    """A systemd unit's Environment= values (NAME -> (value, unit:line)) and its User=."""
+    found: dict[str, tuple[str, str]] = {}
+    user = None
+    try:
+        with open(unit, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if line.startswith("Environment="):
+                    for item in line[len("Environment="):].split():
+                        name, _, value = item.strip('"').partition("=")
+                        found[name] = (value, f"{unit}:{n}")
+                elif line.startswith("User="):
+                    user = line[len("User="):].strip()
+    except OSError:
+        pass
+    return found, user
+
+
+def checkup(repos: list[str], user: Optional[str], apache_dir: str, units: Optional[list[str]],
+            url: Optional[str], environ: Mapping[str, str]) -> Checkup:
+    """What to examine: UNITS named (else Apache's when it serves Aspen, and
+    aspen-gunicorn.service where it is installed); the settings of this
+    environment, then those units' Environment= lines, then Apache's SetEnv."""
+    apache = serves_aspen(apache_dir)
+    if units is None:
+        units = [*(APACHE_UNITS if apache else ()), *((GUNICORN_UNIT,) if os.path.exists(GUNICORN_UNIT) else ())]
     env = {k: v for k, v in environ.items()}
     sources = {k: "environment" for k in env if k.startswith("ASPEN_") or k == "GIT_PROJECT_ROOT"}
-    for name, (value, where) in apache_setenv(apache_dir).items():
+    unit_user = None
+    for unit in units:
+        values, who = unit_settings(unit)
+        unit_user = unit_user or who
+        for name, (value, where) in values.items():
+            if name not in env:
+                env[name] = value
+                sources[name] = where
+    for name, (value, where) in (apache_setenv(apache_dir) if apache else {}).items():
         if name not in env:
             env[name] = value
             sources[name] = where
     if not repos and env.get("GIT_PROJECT_ROOT"):
         from .git.discovery import repositories   # startup
         repos = repositories(env["GIT_PROJECT_ROOT"])
-    who = user or apache_user(apache_dir) or pwd.getpwuid(os.geteuid()).pw_name
-    return Checkup([os.path.abspath(r) for r in repos], who, env, apache_dir, units, url, sources)
+    who = (user or unit_user or (apache_user(apache_dir) if apache else None)
+           or pwd.getpwuid(os.geteuid()).pw_name)
+    return Checkup([os.path.abspath(r) for r in repos], who, env, apache_dir, list(units), url, sources)
 
 
 # -- checks made as this process (root, or the operator) ------------------------------------------
@@ -126,6 +180,7 @@ def apache_findings(c: Checkup) -> list[Finding]:
     except OSError:
         pass
     out = []
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     if "aspen-cgi" in text:
         if mods & {"cgi", "cgid"}:
             out.append(Finding(OK, "apache", f"aspen-cgi is configured and {'/'.join(sorted(mods & {'cgi', 'cgid'}))} "

@@ -146,12 +146,13 @@ def test_private_tmp_hides_the_run_directory(deployment):
     run = Path(tempfile.mkdtemp(prefix="aspen-doctor-", dir="/run"))     # the fix: outside /tmp, in Apache's
     try:                                                                 # configuration
         os.chown(run, NOBODY.pw_uid, NOBODY.pw_gid)
-        d.site(f"SetEnv ASPEN_RUN_DIR {run}\n")
+        (d.apache / "mods-enabled" / "cgid.load").write_text("LoadModule cgid_module x\n")
+        d.site(f"ScriptAlias /git/ /opt/aspen/venv/bin/aspen-cgi/\nSetEnv ASPEN_RUN_DIR {run}\n")
         rc, findings, _ = d.doctor()
     finally:
         shutil.rmtree(run)
     assert rc == 0, findings
-    where = str(d.apache / "sites-enabled" / "aspen.conf") + ":1"
+    where = str(d.apache / "sites-enabled" / "aspen.conf") + ":2"
     assert {"level": "note", "check": "settings", "text": f"ASPEN_RUN_DIR={run} (from {where})"} in findings
 
 
@@ -204,3 +205,26 @@ def test_url_that_is_not_a_smart_http_repository(deployment):
     finally:
         server.shutdown()
     assert set(bad) == {"url"} and " 404 " in bad["url"]
+
+
+def test_a_gunicorn_units_settings_and_user(deployment, tmp_path):
+    """The unit's Environment= lines are the settings in force (said with the
+    unit's line), its User= is the server's user; a unit run with
+    PrivateTmp and the run directory under /tmp is a problem."""
+    d = deployment
+    d.give_to_nobody()
+    unit = tmp_path / "aspen-gunicorn.service"
+    unit.write_text(f"[Service]\nUser=nobody\nEnvironment=GIT_PROJECT_ROOT={d.root}\n"
+                    f"Environment=ASPEN_RUN_DIR={d.run_dir}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASPEN_") and k != "GIT_PROJECT_ROOT"}
+    res = subprocess.run([ASPEN, "doctor", "--json", "--apache-dir", str(d.apache), "--unit", str(unit)],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stdout
+    findings = json.loads(res.stdout)
+    assert {"level": "note", "check": "settings", "text": f"GIT_PROJECT_ROOT={d.root} (from {unit}:3)"} in findings
+    assert {"level": "ok", "check": "repo", "text": f"{d.repo}: readable and writable by nobody"} in findings
+    unit.write_text(f"[Service]\nUser=nobody\nPrivateTmp=yes\nEnvironment=GIT_PROJECT_ROOT={d.root}\n")
+    res = subprocess.run([ASPEN, "doctor", "--json", "--apache-dir", str(d.apache), "--unit", str(unit)],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 1
+    assert [f["check"] for f in json.loads(res.stdout) if f["level"] == "FAIL"] == ["run-dir"]

@@ -8,11 +8,17 @@ server's refs that `git fsck --strict` accepts."""
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
 import secrets
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,7 +34,8 @@ pytestmark = pytest.mark.timeout(900)
 PROJECT = Path(__file__).resolve().parent.parent
 PAGE = PROJECT / "docs" / "install.md"
 BLOCK = re.compile(r"^```sh install-([\w-]+)\n(.*?)^```", re.M | re.S)
-ORDER = ["venv", "apache-cgi", "apache-wsgi", "back-to-stock"]
+ORDER = ["venv", "apache-cgi", "apache-wsgi", "back-to-stock", "nginx", "nginx-start", "nginx-check"]
+NOT_RUN = {"nginx-start"}       # systemctl: started below as systemd would (Unit), the one block not run verbatim
 
 
 def blocks() -> dict[str, str]:
@@ -59,10 +66,17 @@ class Machine:
         self.git_root = world / "git"
         self.password = "pw-" + secrets.token_hex(6)
         self.site = f"http://127.0.0.1:{self.port}"
+        self.nginx_port = h.free_port()
+        self.nginx_conf = Path(f"/srv/{self.name}/nginx")
+        self.systemd = Path(f"/srv/{self.name}/systemd")
+        self.unit: Unit | None = None
+        self.nginx: subprocess.Popen | None = None
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("ASPEN_", "GIT_", "APACHE_"))}
         self.env.update({"ASPEN_SRC": str(self.src), "PREFIX": str(self.prefix), "GIT_ROOT": str(self.git_root),
                          "APACHE_CONFDIR": str(self.confdir), "SITE": self.site,
-                         "PUSH_PASSWORD": self.password, "DEBIAN_FRONTEND": "noninteractive"})
+                         "PUSH_PASSWORD": self.password, "DEBIAN_FRONTEND": "noninteractive",
+                         "NGINX_CONFDIR": str(self.nginx_conf), "NGINX_LISTEN": f"127.0.0.1:{self.nginx_port}",
+                         "NGINX_SITE": f"http://127.0.0.1:{self.nginx_port}", "SYSTEMD_DIR": str(self.systemd)})
         self.work = tmp
 
     def run(self, name: str) -> str:
@@ -77,7 +91,35 @@ class Machine:
         log = Path(f"/var/log/apache2-{self.name}/error.log")
         return log.read_text(errors="replace")[-3000:] if log.exists() else ""
 
+    def prepare_nginx(self) -> None:
+        """A copy of this machine's /etc/nginx whose own paths (includes, pid, logs) point into the copy."""
+        subprocess.run(["cp", "-a", "/etc/nginx", str(self.nginx_conf)], check=True)
+        conf = self.nginx_conf / "nginx.conf"
+        text = conf.read_text().replace("/etc/nginx/", f"{self.nginx_conf}/")
+        text = re.sub(r"^pid .*;", f"pid {self.nginx_conf}/nginx.pid;", text, flags=re.M)
+        text = re.sub(r"/var/log/nginx/", f"{self.nginx_conf}/", text)
+        text = text.replace("http {", f"http {{\n\tclient_body_temp_path {self.nginx_conf}/body;\n"
+                                      f"\tproxy_temp_path {self.nginx_conf}/proxy;", 1)
+        conf.write_text(text)
+        self.systemd.mkdir()
+
+    def start_nginx(self) -> None:
+        """What install-nginx-start does: the unit as systemd runs it, nginx -t, nginx."""
+        self.unit = Unit(self.systemd / "aspen-gunicorn.service")
+        self.unit.start()
+        conf = str(self.nginx_conf / "nginx.conf")
+        test = subprocess.run(["nginx", "-t", "-c", conf], capture_output=True, text=True, timeout=60)
+        assert test.returncode == 0, test.stderr
+        self.nginx = subprocess.Popen(["nginx", "-c", conf, "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+        wait_port(self.nginx_port)
+
     def stop(self) -> None:
+        if self.nginx is not None:
+            self.nginx.terminate()
+            self.nginx.wait(timeout=30)
+        if self.unit is not None:
+            self.unit.stop()
         env = dict(self.env)
         subprocess.run(["apache2ctl", "stop"], env=env, capture_output=True, timeout=60)
         pid = Path(f"/var/run/apache2-{self.name}/apache2.pid")
@@ -91,7 +133,77 @@ class Machine:
 
     def url(self, auth: bool = False) -> str:
         cred = f"alice:{self.password}@" if auth else ""
+        if self.nginx is not None:
+            return f"http://{cred}127.0.0.1:{self.nginx_port}/repo.git"
         return f"http://{cred}127.0.0.1:{self.port}/git/repo.git"
+
+
+def wait_port(port: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Unit:
+    """A systemd service unit run as systemd runs it (systemd is not PID 1
+    here): User= with its groups, Group=, RuntimeDirectory= made with
+    RuntimeDirectoryMode= and owned by them, Environment=, ExecStart= from /
+    with HOME, USER, LOGNAME and PATH set, umask 0022."""
+
+    def __init__(self, path: Path):
+        self.keys: dict[str, list[str]] = {}
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith(("#", "[")):
+                k, _, v = line.partition("=")
+                self.keys.setdefault(k.strip(), []).append(v.strip())
+        self.proc: subprocess.Popen | None = None
+        self.runtime: Path | None = None
+
+    def one(self, key: str, default: str = "") -> str:
+        return self.keys.get(key, [default])[-1]
+
+    def start(self) -> None:
+        pw = pwd.getpwnam(self.one("User", "root"))
+        gid = grp.getgrnam(self.one("Group")).gr_gid if self.one("Group") else pw.pw_gid
+        if self.one("RuntimeDirectory"):
+            self.runtime = Path("/run") / self.one("RuntimeDirectory")
+            shutil.rmtree(self.runtime, ignore_errors=True)
+            self.runtime.mkdir(mode=int(self.one("RuntimeDirectoryMode", "0755"), 8))
+            os.chmod(self.runtime, int(self.one("RuntimeDirectoryMode", "0755"), 8))
+            os.chown(self.runtime, pw.pw_uid, gid)
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": pw.pw_dir,
+               "USER": pw.pw_name, "LOGNAME": pw.pw_name, "LANG": "C.UTF-8"}
+        for item in self.keys.get("Environment", []):
+            for assignment in shlex.split(item):
+                k, _, v = assignment.partition("=")
+                env[k] = v
+
+        def become() -> None:
+            os.setgid(gid)
+            os.initgroups(pw.pw_name, gid)
+            os.setuid(pw.pw_uid)
+            os.umask(0o022)
+        self.proc = subprocess.Popen(shlex.split(self.one("ExecStart")), env=env, cwd="/", preexec_fn=become,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        sock = re.search(r"--bind unix:(\S+)", self.one("ExecStart"))
+        deadline = time.monotonic() + 60
+        while sock and not os.path.exists(sock.group(1)):
+            assert self.proc.poll() is None, "the unit's ExecStart exited"
+            assert time.monotonic() < deadline, "the unit's socket did not appear"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=60)
+        if self.runtime is not None:
+            shutil.rmtree(self.runtime, ignore_errors=True)
 
 
 def served(m: Machine, clone: Path, message: str) -> None:
@@ -156,5 +268,16 @@ def test_the_install_page_as_typed(tmp_path):
         served(m, clone, "through stock")
         owners = {p.stat().st_uid for p in (m.git_root / "repo.git").rglob("*")}
         assert owners == {(m.git_root / "repo.git").stat().st_uid}, "everything the server's user's"
+
+        m.prepare_nginx()
+        m.run("nginx")
+        m.start_nginx()
+        sock = Path("/run/aspen/gunicorn.sock")
+        assert oct(sock.stat().st_mode & 0o777) == oct(0o770) and grp.getgrgid(sock.stat().st_gid).gr_name == "www-data"
+        out = m.run("nginx-check")
+        assert "no problem found" in out, out
+        served(m, clone, "through nginx and gunicorn")
+        git_uid = pwd.getpwnam("git").pw_uid
+        assert {p.stat().st_uid for p in (m.git_root / "repo.git" / "aspen").rglob("*")} == {git_uid}
     finally:
         m.stop()
