@@ -34,7 +34,8 @@ pytestmark = pytest.mark.timeout(900)
 PROJECT = Path(__file__).resolve().parent.parent
 PAGE = PROJECT / "docs" / "install.md"
 BLOCK = re.compile(r"^```sh install-([\w-]+)\n(.*?)^```", re.M | re.S)
-ORDER = ["venv", "apache-cgi", "apache-wsgi", "back-to-stock", "nginx", "nginx-start", "nginx-check"]
+ORDER = ["venv", "apache-cgi", "apache-wsgi", "back-to-stock", "nginx", "nginx-start", "nginx-check",
+         "cluster-db", "cluster-init", "cluster-node", "cluster-check", "cluster-nginx"]
 NOT_RUN = {"nginx-start"}       # systemctl: started below as systemd would (Unit), the one block not run verbatim
 
 
@@ -71,6 +72,9 @@ class Machine:
         self.systemd = Path(f"/srv/{self.name}/systemd")
         self.unit: Unit | None = None
         self.nginx: subprocess.Popen | None = None
+        self.nodes: list[Unit] = []
+        self.pg_cluster = ""
+        self.pg_version = ""
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("ASPEN_", "GIT_", "APACHE_"))}
         self.env.update({"ASPEN_SRC": str(self.src), "PREFIX": str(self.prefix), "GIT_ROOT": str(self.git_root),
                          "APACHE_CONFDIR": str(self.confdir), "SITE": self.site,
@@ -103,10 +107,11 @@ class Machine:
         conf.write_text(text)
         self.systemd.mkdir()
 
-    def start_nginx(self) -> None:
+    def start_nginx(self, unit: bool = True) -> None:
         """What install-nginx-start does: the unit as systemd runs it, nginx -t, nginx."""
-        self.unit = Unit(self.systemd / "aspen-gunicorn.service")
-        self.unit.start()
+        if unit:
+            self.unit = Unit(self.systemd / "aspen-gunicorn.service")
+            self.unit.start()
         conf = str(self.nginx_conf / "nginx.conf")
         test = subprocess.run(["nginx", "-t", "-c", conf], capture_output=True, text=True, timeout=60)
         assert test.returncode == 0, test.stderr
@@ -114,12 +119,20 @@ class Machine:
                                       stderr=subprocess.DEVNULL)
         wait_port(self.nginx_port)
 
-    def stop(self) -> None:
+    def stop_nginx(self) -> None:
         if self.nginx is not None:
             self.nginx.terminate()
             self.nginx.wait(timeout=30)
-        if self.unit is not None:
-            self.unit.stop()
+            self.nginx = None
+
+    def stop(self) -> None:
+        self.stop_nginx()
+        for unit in [self.unit, *self.nodes]:
+            if unit is not None:
+                unit.stop()
+        if self.pg_cluster:
+            subprocess.run(["pg_dropcluster", "--stop", self.pg_version, self.pg_cluster], capture_output=True,
+                           timeout=120)
         env = dict(self.env)
         subprocess.run(["apache2ctl", "stop"], env=env, capture_output=True, timeout=60)
         pid = Path(f"/var/run/apache2-{self.name}/apache2.pid")
@@ -173,8 +186,7 @@ class Unit:
         gid = grp.getgrnam(self.one("Group")).gr_gid if self.one("Group") else pw.pw_gid
         if self.one("RuntimeDirectory"):
             self.runtime = Path("/run") / self.one("RuntimeDirectory")
-            shutil.rmtree(self.runtime, ignore_errors=True)
-            self.runtime.mkdir(mode=int(self.one("RuntimeDirectoryMode", "0755"), 8))
+            self.runtime.mkdir(mode=int(self.one("RuntimeDirectoryMode", "0755"), 8), exist_ok=True)
             os.chmod(self.runtime, int(self.one("RuntimeDirectoryMode", "0755"), 8))
             os.chown(self.runtime, pw.pw_uid, gid)
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": pw.pw_dir,
@@ -192,11 +204,14 @@ class Unit:
         self.proc = subprocess.Popen(shlex.split(self.one("ExecStart")), env=env, cwd="/", preexec_fn=become,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         sock = re.search(r"--bind unix:(\S+)", self.one("ExecStart"))
+        tcp = re.search(r"--bind [\d.]+:(\d+)", self.one("ExecStart"))
         deadline = time.monotonic() + 60
         while sock and not os.path.exists(sock.group(1)):
             assert self.proc.poll() is None, "the unit's ExecStart exited"
             assert time.monotonic() < deadline, "the unit's socket did not appear"
             time.sleep(0.05)
+        if tcp:
+            wait_port(int(tcp.group(1)), 60)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -243,6 +258,59 @@ def wsgi_daemons() -> list[str]:
     return found
 
 
+def cluster(m: Machine, tmp: Path) -> None:
+    """The cluster's blocks: a PostgreSQL cluster made the Debian way
+    (pg_createcluster, running), the database block, the init block, three
+    nodes on loopback ports (each its own root and unit), nginx in front;
+    then a push through nginx is in every node's copy."""
+    h.need_system("postgresql", "/usr/bin/pg_createcluster")
+    m.stop_nginx()
+    m.unit.stop()
+    m.pg_version = sorted(os.listdir("/usr/lib/postgresql"), key=int)[-1]
+    m.pg_cluster = m.name
+    pg_port = h.free_port()
+    subprocess.run(["pg_createcluster", m.pg_version, m.pg_cluster, "-p", str(pg_port)], check=True,
+                   capture_output=True, timeout=120)
+    subprocess.run(["pg_ctlcluster", m.pg_version, m.pg_cluster, "start"], check=True, capture_output=True,
+                   timeout=120)
+    base = Path(f"/srv/{m.name}")
+    ports = [h.free_port() for _ in range(3)]
+    m.env.update({"PG_VERSION": m.pg_version, "PG_CLUSTER": m.pg_cluster, "DB_HOST": "127.0.0.1",
+                  "DB_PORT": str(pg_port), "DB_PASSWORD": "db-" + secrets.token_hex(6), "NODES": "127.0.0.1/32",
+                  "PACK_STORE": str(base / "packs"), "NODE_ROOT": str(base / "node0"),
+                  "CLUSTER_NODES": " ".join(f"127.0.0.1:{p}" for p in ports)})
+    m.run("cluster-db")
+    m.run("cluster-init")
+    for i, port in enumerate(ports):
+        systemd = base / f"systemd-node{i}"
+        systemd.mkdir()
+        m.env.update({"NODE_ROOT": str(base / f"node{i}"), "NODE_LISTEN": f"127.0.0.1:{port}",
+                      "SYSTEMD_DIR": str(systemd)})
+        m.run("cluster-node")
+        unit = Unit(systemd / "aspen-gunicorn.service")
+        m.nodes.append(unit)
+        unit.start()
+        out = m.run("cluster-check")
+        assert "no problem found" in out and "ok    postgresql: reachable" in out, out
+    m.env.update({"NODE_ROOT": str(base / "node0")})
+    m.run("cluster-nginx")
+    m.start_nginx(unit=False)
+
+    work = tmp / "cluster-client"
+    h.git("clone", "-q", f"http://127.0.0.1:{m.nginx_port}/shared.git", str(work))
+    (work / "f").write_text("through the cluster")
+    h.git("add", "f", cwd=str(work))
+    h.git("-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "through the cluster", cwd=str(work))
+    h.git("push", "-q", f"http://alice:{m.password}@127.0.0.1:{m.nginx_port}/shared.git", "HEAD:refs/heads/main",
+          cwd=str(work))
+    want = h.out("rev-parse", "HEAD", cwd=str(work))
+    for i, port in enumerate(ports):          # every node, asked directly: the push is in its copy
+        copy = tmp / f"node{i}-clone"
+        h.git("clone", "-q", "--mirror", f"http://127.0.0.1:{port}/shared.git", str(copy))
+        h.fsck_strict(str(copy))
+        assert h.out("rev-parse", "refs/heads/main", cwd=str(copy)) == want, i
+
+
 def test_the_install_page_as_typed(tmp_path):
     need_root()
     h.need_system("apache2", "/usr/sbin/apache2")
@@ -279,5 +347,7 @@ def test_the_install_page_as_typed(tmp_path):
         served(m, clone, "through nginx and gunicorn")
         git_uid = pwd.getpwnam("git").pw_uid
         assert {p.stat().st_uid for p in (m.git_root / "repo.git" / "aspen").rglob("*")} == {git_uid}
+
+        cluster(m, tmp_path)
     finally:
         m.stop()
