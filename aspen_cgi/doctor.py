@@ -12,7 +12,6 @@ import json
 import os
 import pwd
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Mapping, Optional
@@ -341,9 +340,10 @@ def _repo_findings(repo: str, s, c: Checkup, stores: bool) -> list[Finding]:
     if unwritable:
         out.append(Finding(FAIL, "write", f"{name}: {c.user} cannot write {' and '.join(d + '/' for d in unwritable)} (pushes fail): "
                                           f"chown -R {c.user} {name}"))
-    git = subprocess.run(["git", "rev-parse", "--absolute-git-dir"], capture_output=True, text=True, cwd=repo,
-                         timeout=60, env=_git_env(c))        # found, not named: git checks its owner
-    if "dubious ownership" in git.stderr:
+    from .git import gitexec  # startup
+    git = gitexec.git(["rev-parse", "--absolute-git-dir"], cwd=repo, timeout=60,
+                      env=gitexec.GitEnv(_git_env(c)))      # found, not named: git checks its owner
+    if b"dubious ownership" in git.stderr:
         out.append(Finding(FAIL, "ownership", f"{name}: git refuses it for {c.user} (dubious ownership: it belongs "
                                               f"to another user; stock and Aspen answer 500): chown -R {c.user} "
                                               f"{name}, or git config --system --add safe.directory {name}"))

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random-fetch, lagging-clients: protocol versions the fetches take in turn (default 0,2)")
     r.add_argument("--history", type=int, help="history-clone: K trunk pushes before the clones (default 1000)")
     r.add_argument("--cpu-fetches", type=int,
-                   help="warm-fetch: extra identical fetches per repetition for the server CPU (default 4)")
+                   help="warm-fetch: extra identical fetches per repetition for the server CPU (default 12, quick 2)")
     r.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                    help="any workload parameter (repeatable), e.g. -p packs_timeout=3600 -p wait_packs=0")
     r.add_argument("--pushes", type=int, help="push-history: total trunk pushes")

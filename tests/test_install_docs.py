@@ -35,7 +35,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 PAGE = PROJECT / "docs" / "install.md"
 BLOCK = re.compile(r"^```sh install-([\w-]+)\n(.*?)^```", re.M | re.S)
 ORDER = ["venv", "apache-cgi", "apache-wsgi", "back-to-stock", "nginx", "nginx-start", "nginx-check",
-         "cluster-db", "cluster-init", "cluster-node", "cluster-check", "cluster-nginx"]
+         "cluster-db", "cluster-init", "cluster-node", "cluster-check", "cluster-nginx", "cluster-repo"]
 NOT_RUN = {"nginx-start"}       # systemctl: started below as systemd would (Unit), the one block not run verbatim
 
 
@@ -294,6 +294,7 @@ def cluster(m: Machine, tmp: Path) -> None:
         assert "no problem found" in out and "ok    postgresql: reachable" in out, out
     m.env.update({"NODE_ROOT": str(base / "node0")})
     m.run("cluster-nginx")
+    m.run("cluster-repo")
     m.start_nginx(unit=False)
 
     work = tmp / "cluster-client"
