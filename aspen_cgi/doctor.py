@@ -260,8 +260,8 @@ def _as_user_findings(c: Checkup, s) -> list[Finding]:
                                             f"the one this shell sees: aspen stats --server and aspen resident "
                                             f"cannot find it and commands take other build slots; set "
                                             f"ASPEN_RUN_DIR to a directory outside /tmp and /var/tmp that {c.user} owns, e.g. "
-                                            f"`SetEnv ASPEN_RUN_DIR /run/aspen`, made at boot (systemd-tmpfiles: "
-                                            f"d /run/aspen 0750 {c.user} {c.user})"))
+                                            f"`install -d -o {c.user} /opt/aspen/run` and `SetEnv ASPEN_RUN_DIR "
+                                            f"/opt/aspen/run` (docs/install.md)"))
     out += _run_dir_findings(s, c.user)
     cluster = _cluster_findings(s, c.user)
     out += cluster
