@@ -299,7 +299,14 @@ def _run_dir_findings(s, user: str) -> list[Finding]:
                                          f"{' and more' if len(bad) > 3 else ''}: admission and build slots go "
                                          f"uncounted there; chown -R {user} {run}")]
     out = [Finding(OK, "run-dir", f"{run}: admission and build slots writable by {user}")]
-    from . import resident  # startup
+    from . import handoff, resident  # startup
+    sock = handoff.socket_path(run)
+    if len(sock.encode()) > handoff.SUN_PATH_MAX:
+        out.append(Finding(FAIL, "resident", f"{run} is too long for the resident's socket ({len(sock.encode())} "
+                                             f"bytes, at most {handoff.SUN_PATH_MAX}): under CGI every request "
+                                             f"would import the whole pipeline (60 ms or more); set a shorter "
+                                             f"ASPEN_RUN_DIR"))
+        return out
     residents = resident.running(run)
     if residents:
         out += [Finding(OK, "resident", f"pid {r.pid or '-'} serving {r.socket}") for r in residents]

@@ -29,6 +29,7 @@ import time
 TAKEN, STALE, DONE = b"A", b"S", b"D"
 VERSION = b"aspen-resident-1"
 SPAWN_EVERY_S = 10      # at most one start attempt per this long while none answers
+SUN_PATH_MAX = 107      # a Unix socket's path, in bytes
 
 
 def key(git: bytes) -> str:
@@ -98,7 +99,10 @@ def hand_off(run_dir: str, idle: float, workers: int, kind, prefix: bytes, start
     if none answers). A resident that took it and died, or that does not say
     within 10 s whether it takes it, gives 1."""
     path = socket_path(run_dir)
-    if len(path.encode()) > 107:            # sun_path's size
+    if len(path.encode()) > SUN_PATH_MAX:
+        sys.stderr.write(f"aspen: ASPEN_RUN_DIR {run_dir} is too long for the resident's socket ({len(path.encode())}"
+                         f" bytes, at most {SUN_PATH_MAX}): this request is answered in its own process; set a "
+                         f"shorter ASPEN_RUN_DIR\n")
         return None
     sock = _connect(path)
     if sock is None:

@@ -228,3 +228,12 @@ def test_a_gunicorn_units_settings_and_user(deployment, tmp_path):
                          capture_output=True, text=True, env=env, timeout=240)
     assert res.returncode == 1
     assert [f["check"] for f in json.loads(res.stdout) if f["level"] == "FAIL"] == ["run-dir"]
+
+
+def test_a_run_directory_too_long_for_the_residents_socket(deployment, tmp_path):
+    d = deployment
+    d.give_to_nobody()
+    long = world_dir(tmp_path / ("r" * 60) / ("u" * 40))
+    os.chown(long, NOBODY.pw_uid, NOBODY.pw_gid)
+    bad = d.fails(env={"ASPEN_RUN_DIR": str(long)})
+    assert set(bad) == {"resident"} and "too long for the resident's socket" in bad["resident"]

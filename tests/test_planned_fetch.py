@@ -77,6 +77,25 @@ def test_v2_clone_is_planned_and_equals_stock(pushed, cgi_server_factory, tmp_pa
     assert _objects(other) == _objects(client)
 
 
+def test_answers_in_the_cgi_process_leave_a_clean_log(pushed, cgi_server_factory, tmp_path):
+    """aspen-cgi answering in its own process (no resident): the packs it
+    opened are closed before the interpreter's teardown, whose finalizers
+    would otherwise write tracebacks into Apache's error log."""
+    _, repo, _ = pushed
+    _import(repo)
+    h.git("--git-dir", str(repo), "repack", "-adq")     # the push's reading of objects opens packs
+    cgi = cgi_server_factory(repo.parent, "aspen", ASPEN_CGI_RESIDENT="0", ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off")
+    work = tmp_path / "cgi-work"
+    h.git("clone", "-q", cgi.url + "/repo.git", str(work))
+    (work / "more.txt").write_text("more\n")
+    pk.commit(work, "more")
+    h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))       # the push's adoption reads objects
+    _clone(cgi.url + "/repo.git", tmp_path / "client.git", 2)
+    log = cgi.log_text()
+    assert "plan=planned" in log and "push=ok=1" in log, log
+    assert "Traceback" not in log and "Exception ignored" not in log, log
+
+
 def test_unbuilt_pushes_go_to_git_in_v0_and_v2(pushed, tmp_path):
     server, repo, work = pushed
     _import(repo)

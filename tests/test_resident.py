@@ -277,6 +277,21 @@ def test_a_socket_path_of_sun_paths_whole_size_works(repo):
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_a_socket_path_longer_than_sun_path_is_said_in_the_log(repo, tmp_path):
+    """One byte more: no resident can bind it; each request is answered in
+    its own process, correctly, and says why in the error log."""
+    base = tempfile.mkdtemp(prefix="aspen-resident-long-", dir="/tmp")
+    try:
+        name = f"resident-{os.getuid()}-{'0' * 16}.sock"
+        run = Path(base) / ("r" * (108 - len(base) - 2 - len(name)))
+        res = h.aspen(_env(repo, run))
+        assert res.status == 200 and b"resident=1" not in res.stderr
+        assert f"aspen: ASPEN_RUN_DIR {run} is too long for the resident's socket (108 bytes, at most 107)".encode() \
+            in res.stderr, res.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_the_resident_goes_with_its_run_directory(repo, tmp_path):
     run = tmp_path / "run"
     pid = _started(repo, run)

@@ -308,11 +308,26 @@ class RepoObjects:
             stamp = 0.0
         known = RepoObjects._open.get(objects)
         if known is None or known[0] != stamp:
+            if not RepoObjects._open:
+                import atexit  # startup
+                atexit.register(RepoObjects.close_all)      # once more is harmless: it closes what is open
             while len(RepoObjects._open) >= RepoObjects.KEEP:
                 RepoObjects._open.pop(next(iter(RepoObjects._open)), None)
             known = RepoObjects._open[objects] = (stamp, DiskObjectStore(objects, object_format=SHA256 if self.oid_len == 32 else SHA1), {})
         self.store = known[1]
         self.parsed: dict[bytes, object] = known[2]      # hex id -> dulwich Commit or Tree
+
+    @staticmethod
+    def close_all() -> None:
+        """Close every kept store's packs while the interpreter still runs (at
+        exit: dulwich's finalizers, run during its teardown, fill the server's
+        error log with tracebacks)."""
+        while RepoObjects._open:
+            _, (_, store, _) = RepoObjects._open.popitem()
+            try:
+                store.close()
+            except Exception:   # noqa: BLE001  (exiting: nothing to do about a pack that will not close)
+                pass
 
     def obj(self, oid: bytes):
         """The commit or tree (any object) with hex id OID, parsed; KeyError when missing."""
