@@ -56,18 +56,25 @@ def apache_conf_files(apache_dir: str) -> Iterator[str]:
                     yield os.path.join(path, name)
 
 
-def apache_setenv(apache_dir: str) -> dict[str, tuple[str, str]]:
-    """NAME -> (value, file:line) of Apache's enabled SetEnv lines for Aspen."""
-    found: dict[str, tuple[str, str]] = {}
-    for path in apache_conf_files(apache_dir):
+def _lines(paths: Iterator[str]) -> Iterator[tuple[str, int, str]]:
+    """(path, line number, line) of every line of PATHS but comments; a file that cannot be read is skipped."""
+    for path in paths:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 for n, line in enumerate(f, 1):
-                    m = SETENV.match(line)
-                    if m:
-                        found[m.group(1)] = (m.group(2).strip('"'), f"{path}:{n}")
+                    if not line.lstrip().startswith("#"):
+                        yield path, n, line
         except OSError:
             continue
+
+
+def apache_setenv(apache_dir: str) -> dict[str, tuple[str, str]]:
+    """NAME -> (value, file:line) of Apache's enabled SetEnv lines for Aspen."""
+    found: dict[str, tuple[str, str]] = {}
+    for path, n, line in _lines(apache_conf_files(apache_dir)):
+        m = SETENV.match(line)
+        if m:
+            found[m.group(1)] = (m.group(2).strip('"'), f"{path}:{n}")
     return found
 
 
@@ -86,36 +93,37 @@ GUNICORN_UNIT = "/etc/systemd/system/aspen-gunicorn.service"
 
 def serves_aspen(apache_dir: str) -> bool:
     """Does Apache's enabled configuration run Aspen (aspen-cgi, or aspen.wsgi)?"""
-    for path in apache_conf_files(apache_dir):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            words = line.split()
-            if words and words[0] in ("ScriptAlias", "WSGIScriptAlias") and \
-                    any("aspen-cgi" in w or w.endswith("aspen.wsgi") for w in words[1:]):
-                return True
+    for _, _, line in _lines(apache_conf_files(apache_dir)):
+        words = line.split()
+        if words and words[0] in ("ScriptAlias", "WSGIScriptAlias") and \
+                any("aspen-cgi" in w or w.endswith("aspen.wsgi") for w in words[1:]):
+            return True
     return False
+
+
+def unit_files(unit: str) -> Iterator[str]:
+    """A systemd unit file and its drop-ins (UNIT.d/*.conf), in the order systemd reads them."""
+    yield unit
+    try:
+        drop_ins = sorted(n for n in os.listdir(unit + ".d") if n.endswith(".conf"))
+    except OSError:
+        drop_ins = []
+    for name in drop_ins:
+        yield os.path.join(unit + ".d", name)
 
 
 def unit_settings(unit: str) -> tuple[dict[str, tuple[str, str]], Optional[str]]:
     """A systemd unit's Environment= values (NAME -> (value, unit:line)) and its User=."""
     found: dict[str, tuple[str, str]] = {}
     user = None
-    try:
-        with open(unit, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if line.startswith("Environment="):
-                    for item in line[len("Environment="):].split():
-                        name, _, value = item.strip('"').partition("=")
-                        found[name] = (value, f"{unit}:{n}")
-                elif line.startswith("User="):
-                    user = line[len("User="):].strip()
-    except OSError:
-        pass
+    for path, n, line in _lines(unit_files(unit)):
+        line = line.strip()
+        if line.startswith("Environment="):
+            for item in line[len("Environment="):].split():
+                name, _, value = item.strip('"').partition("=")
+                found[name] = (value, f"{path}:{n}")
+        elif line.startswith("User="):
+            user = line[len("User="):].strip()
     return found, user
 
 
@@ -153,33 +161,25 @@ def checkup(repos: list[str], user: Optional[str], apache_dir: str, units: Optio
 
 def settings_findings(c: Checkup) -> list[Finding]:
     try:
-        s = aspen_settings.of(c.env)
+        aspen_settings.of(c.env)
     except aspen_settings.SettingsError as e:
         return [Finding(FAIL, "settings", f"{e}".strip() + " (fix the value; the server answers 500 meanwhile)")]
     out = [Finding(OK, "settings", "every setting parses")]
     for name in sorted(c.sources):
         out.append(Finding(NOTE, "settings", f"{name}={c.env[name]} (from {c.sources[name]})"))
-    del s
     return out
 
 
 def apache_findings(c: Checkup) -> list[Finding]:
     if not os.path.isdir(c.apache_dir):
         return []
-    text = ""
-    for path in apache_conf_files(c.apache_dir):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                text += f.read()
-        except OSError:
-            pass
+    text = "".join(line for _, _, line in _lines(apache_conf_files(c.apache_dir)))
     mods = set()
     try:
         mods = {n[:-5] for n in os.listdir(os.path.join(c.apache_dir, "mods-enabled")) if n.endswith(".load")}
     except OSError:
         pass
     out = []
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     if "aspen-cgi" in text:
         if mods & {"cgi", "cgid"}:
             out.append(Finding(OK, "apache", f"aspen-cgi is configured and {'/'.join(sorted(mods & {'cgi', 'cgid'}))} "
@@ -197,25 +197,12 @@ def apache_findings(c: Checkup) -> list[Finding]:
 
 
 def _private_tmp(unit: str) -> bool:
-    paths = [unit] + sorted(os.path.join(unit + ".d", n) for n in _listdir(unit + ".d") if n.endswith(".conf"))
     value = False
-    for p in paths:
-        try:
-            with open(p, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    m = re.match(r"^\s*PrivateTmp\s*=\s*(\S+)", line)
-                    if m:
-                        value = m.group(1).lower() in ("true", "yes", "1", "on")
-        except OSError:
-            continue
+    for _, _, line in _lines(unit_files(unit)):
+        m = re.match(r"^\s*PrivateTmp\s*=\s*(\S+)", line)
+        if m:
+            value = m.group(1).lower() in ("true", "yes", "1", "on")
     return value
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def url_findings(c: Checkup) -> list[Finding]:
@@ -259,8 +246,9 @@ def _as_user_findings(c: Checkup, s) -> list[Finding]:
         out.append(Finding(FAIL, "run-dir", f"the web server runs with PrivateTmp=true, so its {s.run_dir} is not "
                                             f"the one this shell sees: aspen stats --server and aspen resident "
                                             f"cannot find it and commands take other build slots; set "
-                                            f"ASPEN_RUN_DIR to a directory outside /tmp and /var/tmp that {c.user} owns, e.g. "
-                                            f"`install -d -o {c.user} /opt/aspen/run` and `SetEnv ASPEN_RUN_DIR "
+                                            f"ASPEN_RUN_DIR to a directory outside /tmp and /var/tmp that "
+                                            f"{c.user} owns, e.g. `install -d -o {c.user} /opt/aspen/run` and "
+                                            f"`SetEnv ASPEN_RUN_DIR "
                                             f"/opt/aspen/run` (docs/install.md)"))
     out += _run_dir_findings(s, c.user)
     cluster = _cluster_findings(s, c.user)
@@ -271,6 +259,11 @@ def _as_user_findings(c: Checkup, s) -> list[Finding]:
     if not c.repos:
         out.append(Finding(NOTE, "repos", "no repository named, and no GIT_PROJECT_ROOT to find them under"))
     return out
+
+
+def _some(paths: list[str]) -> str:
+    """The first three of PATHS, and whether there are more."""
+    return ", ".join(paths[:3]) + (" and more" if len(paths) > 3 else "")
 
 
 def _unwritable_under(path: str, depth: int = 2) -> list[str]:
@@ -295,8 +288,7 @@ def _run_dir_findings(s, user: str) -> list[Finding]:
                                          f"chown {user} {run}")]
     bad = ([run] if not os.access(run, os.W_OK | os.X_OK) else []) + _unwritable_under(run, 1)
     if bad:
-        return [Finding(FAIL, "run-dir", f"{user} cannot write {', '.join(bad[:3])}"
-                                         f"{' and more' if len(bad) > 3 else ''}: admission and build slots go "
+        return [Finding(FAIL, "run-dir", f"{user} cannot write {_some(bad)}: admission and build slots go "
                                          f"uncounted there; chown -R {user} {run}")]
     out = [Finding(OK, "run-dir", f"{run}: admission and build slots writable by {user}")]
     from . import handoff, resident  # startup
@@ -337,43 +329,42 @@ def _cluster_findings(s, user: str) -> list[Finding]:
 
 
 def _repo_findings(repo: str, s, c: Checkup, stores: bool) -> list[Finding]:
-    name = repo
     if not os.access(repo, os.R_OK | os.X_OK) or not os.access(os.path.join(repo, "HEAD"), os.R_OK):
-        return [Finding(FAIL, "read", f"{name}: {c.user} cannot read it (clones fail): chown -R {c.user} {name}, "
+        return [Finding(FAIL, "read", f"{repo}: {c.user} cannot read it (clones fail): chown -R {c.user} {repo}, "
                                       f"or give its group read access, and let {c.user} through every directory "
                                       f"above it")]
     out = []
     unwritable = [d for d in ("objects", "refs") if not os.access(os.path.join(repo, d), os.W_OK)]
     if unwritable:
-        out.append(Finding(FAIL, "write", f"{name}: {c.user} cannot write {' and '.join(d + '/' for d in unwritable)} (pushes fail): "
-                                          f"chown -R {c.user} {name}"))
+        dirs = " and ".join(d + "/" for d in unwritable)
+        out.append(Finding(FAIL, "write", f"{repo}: {c.user} cannot write {dirs} (pushes fail): "
+                                          f"chown -R {c.user} {repo}"))
     from .git import gitexec  # startup
     git = gitexec.git(["rev-parse", "--absolute-git-dir"], cwd=repo, timeout=60,
                       env=gitexec.GitEnv(_git_env(c)))      # found, not named: git checks its owner
     if b"dubious ownership" in git.stderr:
-        out.append(Finding(FAIL, "ownership", f"{name}: git refuses it for {c.user} (dubious ownership: it belongs "
+        out.append(Finding(FAIL, "ownership", f"{repo}: git refuses it for {c.user} (dubious ownership: it belongs "
                                               f"to another user; stock and Aspen answer 500): chown -R {c.user} "
-                                              f"{name}, or git config --system --add safe.directory {name}"))
+                                              f"{repo}, or git config --system --add safe.directory {repo}"))
     from .runtime.statedir import state_dir  # startup
     state = state_dir(repo, s)
     if os.path.isdir(state):
         bad = ([state] if not os.access(state, os.W_OK | os.X_OK) else []) + _unwritable_under(state)
         if bad:
-            out.append(Finding(FAIL, "state", f"{name}: {c.user} cannot write {', '.join(bad[:3])}"
-                                              f"{' and more' if len(bad) > 3 else ''} (left by a command run as "
+            out.append(Finding(FAIL, "state", f"{repo}: {c.user} cannot write {_some(bad)} (left by a command run as "
                                               f"another user?): the ref store and the response cache are off for "
                                               f"it, every answer computed; chown -R {c.user} {state}"))
         elif stores:
-            out += _store_findings(repo, name, c)
+            out += _store_findings(repo, s, c)
     elif not os.access(os.path.dirname(state.rstrip("/")), os.W_OK | os.X_OK):
-        out.append(Finding(FAIL, "state", f"{name}: {c.user} cannot make {state}: Aspen serves it as stock would, "
+        out.append(Finding(FAIL, "state", f"{repo}: {c.user} cannot make {state}: Aspen serves it as stock would, "
                                           f"without its store; chown {c.user} {os.path.dirname(state)} or set "
                                           f"ASPEN_STATE_DIR"))
     else:
-        out.append(Finding(NOTE, "state", f"{name}: not seen by Aspen yet (its first request records it; aspen "
+        out.append(Finding(NOTE, "state", f"{repo}: not seen by Aspen yet (its first request records it; aspen "
                                           f"import does it ahead)"))
     if not any(f.level == FAIL for f in out):
-        out.insert(0, Finding(OK, "repo", f"{name}: readable and writable by {c.user}"))
+        out.insert(0, Finding(OK, "repo", f"{repo}: readable and writable by {c.user}"))
     return out
 
 
@@ -383,7 +374,7 @@ def _git_env(c: Checkup) -> dict[str, str]:
     return env
 
 
-def _store_findings(repo: str, name: str, c: Checkup) -> list[Finding]:
+def _store_findings(repo: str, s, c: Checkup) -> list[Finding]:
     from .git.reader import read_refs  # startup
     from .refstore import db  # startup
     from .refstore.store import RefStore, unbuilt_count  # startup
@@ -391,25 +382,24 @@ def _store_findings(repo: str, name: str, c: Checkup) -> list[Finding]:
     try:
         store = RefStore.open(repo, env, create=False)
         if store is None:
-            return [Finding(NOTE, "store", f"{name}: no ref store yet (its first request makes it)")]
+            return [Finding(NOTE, "store", f"{repo}: no ref store yet (its first request makes it)")]
         stored = {r.name: r.oid for r in store.snapshot().refs}
         latest = store.latest()
     except (db.Error, db.Busy, OSError) as e:
-        return [Finding(FAIL, "store", f"{name}: the ref store cannot be read ({e}): aspen verify {name}")]
+        return [Finding(FAIL, "store", f"{repo}: the ref store cannot be read ({e}): aspen verify {repo}")]
     disk = {r.name: r.oid for r in read_refs(repo, env).refs}
     behind = sorted(k for k in set(stored) | set(disk) if stored.get(k) != disk.get(k))
     out = []
     if behind:
-        out.append(Finding(NOTE, "store", f"{name}: version {latest}, {len(behind)} refs changed on disk "
+        out.append(Finding(NOTE, "store", f"{repo}: version {latest}, {len(behind)} refs changed on disk "
                                           f"since (e.g. {behind[0]}); the next request records them as an "
                                           f"external version"))
     else:
-        out.append(Finding(OK, "store", f"{name}: version {latest}, equal to the refs on disk"))
-    s = aspen_settings.of(env)
+        out.append(Finding(OK, "store", f"{repo}: version {latest}, equal to the refs on disk"))
     waiting = unbuilt_count(store.path, s.refstore_url)
     if waiting:
-        out.append(Finding(NOTE, "packs", f"{name}: {waiting} versions wait for their packs (fetches of them get "
-                                          f"git's answer meanwhile; aspen import {name} builds them now)"))
+        out.append(Finding(NOTE, "packs", f"{repo}: {waiting} versions wait for their packs (fetches of them get "
+                                          f"git's answer meanwhile; aspen import {repo} builds them now)"))
     return out
 
 

@@ -246,16 +246,8 @@ def served(m: Machine, clone: Path, message: str) -> None:
     assert h.out("log", "-1", "--format=%s", "refs/heads/main", cwd=str(fresh)) == message
 
 
-def wsgi_daemons() -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if cmd.startswith(b"(wsgi:aspen)"):
-            found.append(pid)
-    return found
+def wsgi_daemons() -> list[int]:
+    return [pid for pid, _, cmd in h.processes() if cmd.startswith(b"(wsgi:aspen)")]
 
 
 def cluster(m: Machine, tmp: Path) -> None:

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.timeout(300)
 
 ASPEN = str(Path(sys.executable).parent / "aspen")
 NOBODY = pwd.getpwnam("nobody")
-TRUST = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}  # root reads nobody's
+# root's git reads nobody's repositories
+TRUST = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 
 
 def need_root() -> None:
@@ -62,19 +63,9 @@ def strangers(root: Path) -> list[str]:
 
 
 def prewarmers(repo: Path) -> list[int]:
-    """Pre-warm processes (aspen_cgi.fetch.prewarm) naming REPO, and their owners."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            uid = os.stat(f"/proc/{pid}").st_uid
-        except OSError:
-            continue
-        if b"aspen_cgi.fetch.prewarm" in cmd and str(repo).encode() in b" ".join(cmd):
-            found.append(uid)
-    return found
+    """The owners of the pre-warm processes (aspen_cgi.fetch.prewarm) naming REPO."""
+    return [uid for _, uid, cmd in h.processes()
+            if b"aspen_cgi.fetch.prewarm" in cmd and str(repo).encode() in cmd.replace(b"\0", b" ")]
 
 
 def test_import_as_root_leaves_everything_to_the_owner(tmp_path):
