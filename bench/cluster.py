@@ -19,6 +19,14 @@ measures how long a node that is LAG versions behind takes to answer its
 first request (an `ls-remote` through it), for each lag: node B answers
 once (it has its copy), B is stopped, LAG pushes of one commit each go
 through node A, B is started again and asked.
+
+    python -m bench.cluster outage [--nodes 3] [--preset small] [--rounds 20] [--json]
+
+measures what a PostgreSQL outage costs clients: ROUNDS of `ls-remote` and
+of full clones through nginx with PostgreSQL up, then with it stopped
+(`pg_ctl stop -m fast`), each operation's wall time (p50, p99, max) and the
+ratio away/up; a push during the outage (refused, with its wall time), and
+how long after PostgreSQL is started again a push lands.
 """
 
 from __future__ import annotations
@@ -239,6 +247,78 @@ def catchup(lags: list[int], workdir: Path, progress=None) -> list[dict]:
     return out
 
 
+def _timed(*args: str, cwd: Optional[Path] = None, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.monotonic()
+    r = subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, capture_output=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {r.stderr.decode(errors='replace')}")
+    return (time.monotonic() - t0) * 1000, r
+
+
+def outage(workdir: Path, nodes: int, preset: str, rounds: int, progress=None) -> dict:
+    """ls-remote and clone wall times through nginx with PostgreSQL up, then away; a push while away."""
+    from . import repogen
+    from .stats import percentile
+    src = workdir / "src"
+    src.mkdir(parents=True)
+    repogen.generate(repogen.PRESETS[preset], src / "bench.git")
+    stack = ClusterStack(workdir / "stack", nodes, src, workers=1, threads=8)
+    done = 0
+
+    def step(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, 4 * rounds, what)
+
+    try:
+        url = f"{stack.front}/bench.git"
+        times: dict[str, dict[str, list[float]]] = {"up": {"ls-remote": [], "clone": []},
+                                                    "away": {"ls-remote": [], "clone": []}}
+        refs: dict[str, set[str]] = {}
+        for state in ("up", "away"):
+            if state == "away":
+                stack.pg.stop("fast")
+            for i in range(rounds):
+                ms, r = _timed("ls-remote", url)
+                times[state]["ls-remote"].append(ms)
+                refs.setdefault(state, set()).add(r.stdout.decode())
+                step(f"{state} ls-remote")
+                dest = workdir / f"clone-{state}-{i}"
+                ms, _ = _timed("clone", "-q", "--bare", url, str(dest))
+                times[state]["clone"].append(ms)
+                shutil.rmtree(dest)
+                step(f"{state} clone")
+        work = workdir / "work"
+        _git("clone", "-q", url, str(work))
+        _git("commit", "-q", "--allow-empty", "-m", "during the outage", cwd=work)
+        push_away_ms, r = _timed("push", "-q", "origin", "HEAD", cwd=work, check=False)
+        refused = r.returncode != 0
+        stack.pg.up()
+        t0 = time.monotonic()
+        while True:
+            _, r = _timed("push", "-q", "origin", "HEAD", cwd=work, check=False)
+            if r.returncode == 0 or time.monotonic() - t0 > 120:
+                break
+            time.sleep(0.1)
+        landed_s = time.monotonic() - t0 if r.returncode == 0 else None
+    finally:
+        stack.stop()
+    out: dict = {"nodes": nodes, "preset": preset, "rounds": rounds, "same_refs_away": refs["up"] == refs["away"],
+                 "push_away_ms": round(push_away_ms, 1), "push_away_refused": refused,
+                 "push_lands_after_up_s": None if landed_s is None else round(landed_s, 2), "ops": {}}
+    for op in ("ls-remote", "clone"):
+        row = {}
+        for state in ("up", "away"):
+            xs = times[state][op]
+            row[state] = {"p50": round(percentile(xs, 50), 1), "p99": round(percentile(xs, 99), 1),
+                          "max": round(max(xs), 1)}
+        row["ratio_p50"] = round(row["away"]["p50"] / row["up"]["p50"], 2)
+        row["ratio_p99"] = round(row["away"]["p99"] / row["up"]["p99"], 2)
+        out["ops"][op] = row
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster",
                                 description="Aspen as a cluster: how long a node LAG versions behind takes "
@@ -251,8 +331,40 @@ def main(argv: Optional[list[str]] = None) -> int:
     c.add_argument("--lags", default="0,10,100,1000",
                    help="comma-separated lags (default %(default)s; 0: the restarted node's first answer alone)")
     c.add_argument("--json", action="store_true", help="one JSON line per lag")
+    o = sub.add_parser("outage", help="ls-remote and clones through nginx with PostgreSQL up, then stopped",
+                       description="N nodes over one PostgreSQL and pack store behind nginx. ROUNDS of "
+                                   "ls-remote and full clones with PostgreSQL up, then stopped; a push while "
+                                   "it is away (refused), and how soon a push lands once it is back.")
+    o.add_argument("--nodes", type=int, default=3, help="nodes (default %(default)s)")
+    o.add_argument("--preset", default="small", help="the repository's preset (bench/repogen.py; default "
+                                                     "%(default)s)")
+    o.add_argument("--rounds", type=int, default=20, help="operations of each kind per state (default %(default)s)")
+    o.add_argument("--json", action="store_true", help="the result as one JSON object")
     args = p.parse_args(argv)
     from .progress import Progress
+    if args.command == "outage":
+        workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-outage-"))
+        try:
+            bar = Progress(4 * args.rounds, "outage")
+            res = outage(workdir, args.nodes, args.preset, args.rounds, bar.update)
+            bar.close()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if args.json:
+            print(json.dumps(res))
+        else:
+            print(f"{res['nodes']} nodes, preset {res['preset']}, {res['rounds']} of each; PostgreSQL up, then away")
+            print("| operation | up p50 / p99 / max ms | away p50 / p99 / max ms | away/up p50 | away/up p99 |")
+            print("|---|---|---|---:|---:|")
+            for op, row in res["ops"].items():
+                up, away = row["up"], row["away"]
+                print(f"| {op} | {up['p50']} / {up['p99']} / {up['max']} | {away['p50']} / {away['p99']} / "
+                      f"{away['max']} | {row['ratio_p50']} | {row['ratio_p99']} |")
+            print(f"refs while away equal to refs while up: {'yes' if res['same_refs_away'] else 'NO'}")
+            print(f"a push while away: {'refused' if res['push_away_refused'] else 'ACCEPTED'} in "
+                  f"{res['push_away_ms']} ms; a push landed {res['push_lands_after_up_s']} s after PostgreSQL "
+                  f"was started again")
+        return 0 if res["same_refs_away"] and res["push_away_refused"] and res["push_lands_after_up_s"] else 1
     lags = [int(x) for x in args.lags.split(",") if x]
     workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-cluster-"))
     try:

@@ -15,13 +15,23 @@ last used for another.
 psycopg is imported only here, and only when a PostgreSQL store is opened:
 the embedded default never loads it. Its errors reach db.py as `StoreError`,
 or `Retryable` for what is worth waiting out (a lock wait that timed out, a
-lost or refused connection, a serialization failure)."""
+serialization failure, a connection lost while the server still answers).
+
+A server that is away is found once per process and then known: a lost or
+refused connection, or no pooled connection within the pool's wait, is
+checked at once with a connection of its own (`reachable`); if that fails
+too the server is *away*, and every statement until a background probe
+(one thread per process and server, every PROBE_EVERY seconds) connects
+again raises `Unavailable` without trying: nobody waits for a pool or a
+timeout meanwhile. A process's first pool is made only after such a check,
+so a process started during an outage does not wait either."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -32,6 +42,11 @@ _texts: dict[str, str] = {}
 GETCONN_WAIT = 1.0     # one wait for a pooled connection; db.py retries it within the caller's patience
 RECONNECT_EVERY = 0.25        # while the server is away, the pool's next try (seconds)
 RECONNECT_FOREVER = 10 * 365 * 86400.0
+PROBE_EVERY = 0.25            # while the server is away, how often the probe tries to connect (seconds)
+PROBE_TIMEOUT = 2             # one probe's connection attempt (libpq's least connect_timeout)
+_away: dict[str, float] = {}        # server URL -> when this process found it away (monotonic)
+_probers: dict[str, int] = {}       # server URL -> pid of the process whose thread probes it
+_probers_lock = threading.Lock()
 
 
 class StoreError(sqlite3.DatabaseError):
@@ -43,6 +58,68 @@ class StoreError(sqlite3.DatabaseError):
 class Retryable(StoreError):
     """A PostgreSQL error that waiting may cure: a lock wait timed out, the
     server went away or refused the connection, a serialization failure."""
+
+
+class Unavailable(StoreError):
+    """The server is known to be away: the statement was not tried."""
+
+
+def reachable(url: str) -> bool:
+    """Whether the server at URL takes a connection now (one of its own, not the pool's)."""
+    import psycopg  # startup: only a PostgreSQL store loads the driver
+    try:
+        psycopg.connect(url, connect_timeout=PROBE_TIMEOUT, autocommit=True).close()
+        return True
+    except psycopg.Error:
+        return False
+
+
+def _probe(url: str) -> None:
+    """The probe thread's life: try URL every PROBE_EVERY seconds until it answers."""
+    try:
+        while True:
+            time.sleep(PROBE_EVERY)
+            if reachable(url):
+                _away.pop(url, None)
+                return
+    finally:
+        with _probers_lock:
+            if _probers.get(url) == os.getpid():
+                del _probers[url]
+
+
+def _found_away(url: str) -> None:
+    _away.setdefault(url, time.monotonic())
+    _ensure_probe(url)
+
+
+def _ensure_probe(url: str) -> None:
+    """A probe thread of this process for URL (one that forked has none of its parent's)."""
+    with _probers_lock:
+        if _probers.get(url) == os.getpid():
+            return
+        _probers[url] = os.getpid()
+    threading.Thread(target=_probe, args=(url,), name="aspen-pg-probe", daemon=True).start()
+
+
+def _check_away(url: str) -> None:
+    since = _away.get(url)
+    if since is not None:
+        _ensure_probe(url)
+        raise Unavailable(f"the database server is away (found {time.monotonic() - since:.1f} s ago; "
+                          f"tried again every {PROBE_EVERY:g} s)")
+
+
+def _connection_lost(e: BaseException) -> bool:
+    """A lost or refused connection, or no pooled one within the pool's wait:
+    what may mean the server is away (lock waits and serialization failures do not)."""
+    if "pool" in type(e).__module__:
+        return True
+    import psycopg  # startup: loaded with the pool already
+    if not isinstance(e, psycopg.OperationalError):
+        return False
+    state = getattr(e, "sqlstate", None)
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 class Rows:
@@ -82,6 +159,7 @@ def pool(url: str, size: int):
     key = (url, os.getpid())
     p = _pools.get(key)
     if p is None:
+        _check_away(url)
         with _pools_lock:
             p = _pools.get(key)
             if p is None:
@@ -100,6 +178,9 @@ def pool(url: str, size: int):
                 from psycopg_pool import base as pool_base  # startup
                 pool_base.AttemptWithBackoff.INITIAL_DELAY = RECONNECT_EVERY
                 pool_base.AttemptWithBackoff.DELAY_BACKOFF = 1.0
+                if not reachable(url):
+                    _found_away(url)
+                    _check_away(url)
                 p = psycopg_pool.ConnectionPool(url, min_size=1, max_size=max(1, size), open=True,
                                                 timeout=GETCONN_WAIT, reconnect_timeout=RECONNECT_FOREVER,
                                                 kwargs={"autocommit": True}, name="aspen-refstore")
@@ -107,7 +188,16 @@ def pool(url: str, size: int):
     return p
 
 
-def _wrap(e: Exception) -> StoreError:
+def _wrap(e: Exception, url: str) -> StoreError:
+    """E as db.py takes it; a lost connection to a server that is then not
+    reachable is Unavailable, and the server known away from now on."""
+    if isinstance(e, StoreError):
+        return e
+    if _connection_lost(e) and not reachable(url):
+        _found_away(url)
+        out: StoreError = Unavailable(f"the database server is away ({type(e).__name__}: {e})".strip())
+        out.__cause__ = e
+        return out
     import psycopg  # startup: loaded with the pool already
     from psycopg import errors
     retry = isinstance(e, (errors.LockNotAvailable, errors.SerializationFailure, errors.DeadlockDetected,
@@ -147,12 +237,13 @@ class PgConn:
         try:
             if self._held is not None:
                 return fn(self._held)
+            _check_away(self.url)
             with pool(self.url, self.pool_size).connection() as c:
                 self._point(c)
                 return fn(c)
         except Exception as e:
             if _is_driver_error(e):
-                raise _wrap(e) from e
+                raise _wrap(e, self.url) from e
             raise
 
     def execute(self, sql: str, params: Sequence = ()) -> Rows:
@@ -178,12 +269,13 @@ class PgConn:
         commit() or rollback(), then run SETUP's (sql, params) in it."""
         if self._held is not None:
             raise StoreError("a transaction is under way on this connection")
-        import psycopg  # startup: loaded with the pool already
+        _check_away(self.url)
         p = pool(self.url, self.pool_size)
+        import psycopg  # startup: loaded with the pool already
         try:
             c = p.getconn()
         except Exception as e:
-            raise _wrap(e) from e
+            raise _wrap(e, self.url) from e
         try:
             self._point(c)
             c.execute(statement)
@@ -198,7 +290,7 @@ class PgConn:
                 pass
             p.putconn(c)
             if isinstance(e, psycopg.Error):
-                raise _wrap(e) from e
+                raise _wrap(e, self.url) from e
             raise
 
     def _end(self, statement: str) -> None:
@@ -213,7 +305,7 @@ class PgConn:
                 c.rollback()
             except psycopg.Error:
                 pass
-            raise _wrap(e) from e
+            raise _wrap(e, self.url) from e
         finally:
             pool(self.url, self.pool_size).putconn(c)
 
