@@ -55,6 +55,8 @@ PATH = "path"               # a path, as given -> str
 HEADER = "header"           # an HTTP header name -> str
 NAME = "name"               # a name of letters, digits, `-`, `.` and `_` -> str
 DB_URL = "db-url"           # a postgresql:// (or postgres://) connection URL -> str
+HTTP_URL = "http-url"       # an http:// or https:// URL, without a trailing slash -> str
+SECRET = "secret"           # a text of at least 16 characters -> str
 # A mode is a dict: each accepted word (lower case) -> the value it means.
 
 _BOOL_WORDS = "`true`/`false`, `yes`/`no`, `on`/`off`, `1`/`0`"
@@ -70,6 +72,8 @@ ACCEPTED = {
     HEADER: "an HTTP header name (`X-Remote-User`)",
     NAME: "a name of letters, digits, `-`, `.` and `_` (`git-eu`)",
     DB_URL: "a `postgresql://` URL (libpq's: `postgresql://aspen@db.example/aspen`)",
+    HTTP_URL: "an `http://` or `https://` URL (`http://10.0.0.2:8080`)",
+    SECRET: "a text of at least 16 characters",
 }
 
 
@@ -128,6 +132,16 @@ TABLE = (
      "with ASPEN_REFSTORE_URL: a directory on shared storage that every node reads; each push's objects "
      "are kept there (write-once packs named by their trailer) before it is acknowledged, and this node "
      "is a replica that catches up from the log before it answers (docs/cluster.md)"),
+    ("ASPEN_NODE_URL", "node_url", HTTP_URL, None, "unset", None,
+     "with ASPEN_REFSTORE_URL and no ASPEN_PACK_STORE: this node's address as the cluster's other nodes "
+     "reach it (its application's root); each node keeps the packs on its own disk, sends each push's pack "
+     "to other nodes before the push is acknowledged, and fetches what it lacks from them (docs/cluster.md)"),
+    ("ASPEN_CLUSTER_SECRET", "cluster_secret", SECRET, None, "unset", None,
+     "with ASPEN_NODE_URL: the secret every node of the cluster shares; a request between nodes carries a "
+     "signature made with it, and one without is refused (403)"),
+    ("ASPEN_REPLICAS", "replicas", COUNT, 2, "`2`", None,
+     "with ASPEN_NODE_URL: on how many nodes a push's pack is kept before the push is acknowledged (at most "
+     "the number of nodes the cluster has)"),
     # limits
     ("ASPEN_MAX_PUSH_BYTES", "max_push_bytes", SIZE, 0, "`0` (unlimited)", None,
      "a push's request body, raw and inflated: over it, `413`, no ref changes"),
@@ -265,6 +279,15 @@ def _parse(kind, text: str):
         if not (text.startswith("postgresql://") or text.startswith("postgres://")):
             raise ValueError(text)
         return text
+    if kind is HTTP_URL:
+        if not (text.startswith("http://") or text.startswith("https://")) or len(text.split("/")) < 3 \
+                or not text.split("/")[2] or any(c.isspace() for c in text):
+            raise ValueError(text)
+        return text.rstrip("/")
+    if kind is SECRET:
+        if len(text) < 16:
+            raise ValueError("(hidden)")
+        return text
     return kind[text.lower()]                   # a mode: KeyError is a LookupError, not a ValueError
 
 
@@ -285,11 +308,19 @@ def parse(values) -> Settings:
             try:
                 value = _parse(row[2], text)
             except (ValueError, LookupError, ConfigError):
-                problems.append((row[0], raw, accepted(row).replace("`", "")))
+                problems.append((row[0], "(hidden)" if row[2] is SECRET else raw, accepted(row).replace("`", "")))
                 continue
         setattr(s, row[1], value)
     if not problems and s.pack_store and not s.refstore_url:
         problems.append(("ASPEN_PACK_STORE", s.pack_store, "a pack store with ASPEN_REFSTORE_URL set as well"))
+    if not problems and s.node_url:
+        if s.pack_store:
+            problems.append(("ASPEN_NODE_URL", s.node_url, "either ASPEN_NODE_URL or ASPEN_PACK_STORE, not both"))
+        elif not s.refstore_url or not s.cluster:
+            problems.append(("ASPEN_NODE_URL", s.node_url, "a node's URL with ASPEN_REFSTORE_URL and "
+                                                           "ASPEN_CLUSTER set as well"))
+        elif not s.cluster_secret:
+            problems.append(("ASPEN_NODE_URL", s.node_url, "a node's URL with ASPEN_CLUSTER_SECRET set as well"))
     if problems:
         raise SettingsError(problems)
     return s

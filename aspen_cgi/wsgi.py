@@ -58,6 +58,10 @@ settings.of(os.environ)
 
 background.IN_PROCESS = True   # this process lives on: version packs are built in a thread
 
+if settings.of(os.environ).node_url:
+    from .refstore import peers
+    peers.heartbeat(settings.of(os.environ))    # a cluster's node: the others send it packs from now on
+
 
 def _settle() -> None:
     """A long-lived process: import what requests import on first use (the CGI

@@ -250,13 +250,14 @@ class Server:
 
     def start(self) -> "Server":
         """Bind port 0 and read the port gunicorn got from its own log line, so
-        that no other test's server can take the port in between."""
+        that no other test's server can take the port in between (or bind
+        PORT, when the test needs to know it first: free_port())."""
         env = dict(os.environ)
         env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1"})
         env.update(self.env)
         self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
         self.proc = subprocess.Popen(
-            [GUNICORN, "--bind", "127.0.0.1:0", "--worker-class", "gthread", "--threads", str(self.threads),
+            [GUNICORN, "--bind", f"127.0.0.1:{self.port}", "--worker-class", "gthread", "--threads", str(self.threads),
              "--workers", str(self.workers), "--timeout", str(self.timeout), "aspen_cgi.wsgi:application"],
             env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
             cwd=str(Path(__file__).resolve().parent.parent))
@@ -283,6 +284,14 @@ class Server:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log else ""
+
+
+def free_port() -> int:
+    """A loopback port free now (another process may take it before it is bound)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def send_and_answer(port: int, head: bytes, body_parts, timeout: float = 60) -> bytes:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.refstore import pgconn
 from bench import cluster as cluster_bench
 
 from . import harness as h
@@ -34,11 +35,16 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 NGINX = cluster_bench.NGINX
 USER, PASSWORD = "alice", "s3cret-pw"
 STORE_WAIT = "3"
+SECRET = "a-cluster-secret-of-the-tests"
 
 
 class Cluster:
-    def __init__(self, base: Path):
+    """MODE "peers": each node keeps its packs on its own disk and they pass
+    between nodes (ASPEN_NODE_URL); "shared": one pack store directory."""
+
+    def __init__(self, base: Path, mode: str):
         self.base = base
+        self.mode = mode
         self.pg = pgserver.private()
         self.url = self.pg.create_database("cluster")
         self.packs = base / "packstore"
@@ -47,21 +53,28 @@ class Cluster:
         self.nginx = None
         self.port = 0
 
-    def env(self) -> dict:
-        return {"ASPEN_REFSTORE_URL": self.url, "ASPEN_PACK_STORE": str(self.packs), "ASPEN_CLUSTER": "c",
+    def env(self, port: int = 0) -> dict:
+        where = ({"ASPEN_PACK_STORE": str(self.packs)} if self.mode == "shared" else
+                 {"ASPEN_NODE_URL": f"http://127.0.0.1:{port}", "ASPEN_CLUSTER_SECRET": SECRET})
+        return {"ASPEN_REFSTORE_URL": self.url, **where, "ASPEN_CLUSTER": "c",
                 "ASPEN_STORE_WAIT": STORE_WAIT, "ASPEN_ACCESS_LOG": "1",
                 "ASPEN_REMOTE_USER_HEADER": "X-Remote-User",
                 "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
 
+    def _server(self, root: Path, port: int = 0, **extra: str) -> h.Server:
+        port = port or (h.free_port() if self.mode == "peers" else 0)
+        return h.Server(root, dict(self.env(port), **extra), port=port, threads=4).start()
+
     def add_node(self, root: Path) -> h.Server:
         root.mkdir(parents=True, exist_ok=True)
-        node = h.Server(root, self.env(), threads=4).start()
+        node = self._server(root)
         self.nodes.append(node)
         return node
 
     def restart(self, i: int, **extra: str) -> h.Server:
         self.nodes[i].stop()
-        self.nodes[i] = h.Server(self.nodes[i].root, dict(self.env(), **extra), threads=4).start()
+        port = self.nodes[i].port if self.mode == "peers" else 0     # its address is its name
+        self.nodes[i] = self._server(self.nodes[i].root, port, **extra)
         return self.nodes[i]
 
     def start_nginx(self, nodes: list[h.Server]) -> None:
@@ -80,11 +93,11 @@ class Cluster:
         pgserver.remove(self.pg)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@pytest.fixture(scope="module", params=["peers", "shared"])
+def cluster(request, tmp_path_factory):
     h.need_system("nginx", NGINX)
     base = tmp_path_factory.mktemp("cluster")
-    c = Cluster(base)
+    c = Cluster(base, request.param)
     try:
         for i in range(3):
             c.add_node(base / f"node{i}")
@@ -203,7 +216,7 @@ def test_concurrent_pushers_on_three_nodes_one_order_every_acknowledged_push_eve
 
 
 def _aspen(c: Cluster, i: int, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **c.env(), GIT_PROJECT_ROOT=str(c.nodes[i].root))
+    env = dict(os.environ, **c.env(c.nodes[i].port), GIT_PROJECT_ROOT=str(c.nodes[i].root))
     return subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args], env=env, capture_output=True, text=True,
                           timeout=300, cwd=str(REPO_DIR))
 
@@ -362,6 +375,12 @@ def test_postgresql_away_fetches_are_served_pushes_fail_cleanly_then_land(cluste
             check_clone(f"{n.url}/p.git", tmp_path / f"away{j}", before)
     finally:
         c.pg.up()
+    # a node learns it is back within its probe's period (pgconn.PROBE_EVERY): until then it serves
+    # its disk's refs, so read-your-writes holds from then on
+    deadline = time.monotonic() + 30
+    while not pgconn.reachable(c.url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(2 * pgconn.PROBE_EVERY + 0.5)
     tip = h.out("rev-parse", "HEAD", cwd=str(work))
     deadline = time.monotonic() + 60
     while True:

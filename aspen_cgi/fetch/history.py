@@ -22,6 +22,7 @@ import os
 import threading
 from typing import Collection, Optional, Sequence
 
+from .. import settings
 from ..runtime.memo import put_bounded
 from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer, Visits
 from ..refstore.store import RefStore
@@ -69,11 +70,28 @@ def _read_facts(store: RefStore, commits: Sequence[str], through: int) -> dict[s
     return {c: (_upto(found[c][0], through), found[c][1]) if c in found else None for c in commits}
 
 
+def here(store: RefStore, name: str) -> bool:
+    """Whether this node has the built pack NAME on its disk: always, but with
+    packs between nodes (ASPEN_NODE_URL), where a pack another node built is
+    fetched from it in the background and counts as not built meanwhile."""
+    s = settings.of(store.env)
+    if not s.node_url or not name:
+        return True
+    base = os.path.join(store.packs_dir, f"pack-{name}")
+    if os.path.isfile(base + ".idx") and os.path.isfile(base + ".pack"):
+        return True
+    from ..refstore import peers  # startup: a cluster's nodes only
+    peers.fetch_later(s, os.path.basename(store.packs_dir), store.packs_dir, (f"pack-{name}.pack", f"pack-{name}.idx"))
+    return False
+
+
 def _share_built(store: RefStore, identity: tuple[str, float], lo: int, hi: int) -> None:
     """The pack, values and introduced commits of versions LO … HI, just
     settled, in one read: the next plans read most of them (the pushes a
     lagging client lacks), one version and three queries at a time."""
     for v, (info, values, introduced) in store.built_records(lo, hi).items():
+        if not here(store, info.name):
+            continue
         _share((identity, "pack", v), info)
         _share((identity, "values", v), values)
         _share((identity, "introduced", v), introduced)
@@ -277,8 +295,8 @@ class StoreHistory:
         out = SHARED.get(key)
         if out is None:
             got = self.store.version_pack(version)
-            if got is None:
-                return None            # not built yet: asked again
+            if got is None or not here(self.store, got[0][0]):
+                return None            # not built yet (or not here yet): asked again
             (name, _, _), boundary = got
             out = PackInfo(name, tuple(boundary), self.store.version_refs(version))
             _share(key, out)
@@ -310,7 +328,10 @@ class StoreHistory:
         return self.store.all_packs_built()
 
     def clone_view(self) -> Optional[CloneView]:
-        return self.store.clone_view()
+        view = self.store.clone_view()
+        if view is not None and not all([here(self.store, seg.name) for seg in view.segments]):
+            return None
+        return view
 
 
 class PinnedHistory(StoreHistory):

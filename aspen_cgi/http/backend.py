@@ -28,6 +28,7 @@ SERVICES = ("upload-pack", "receive-pack")
 # A push refused as too large: what of the rest of its body is read and dropped, so the client reads the 413
 DISCARD_MIN = 64 << 20
 METRICS_PATH = "/_aspen/metrics"     # metrics.PATH (kept here so that the 404 path does not load metrics.py)
+PEER_PACKS_PATH = "/_aspen/packs/"   # peers.PREFIX: packs between a cluster's nodes (http/peerpacks.py)
 
 
 def _forbidden(msg: str, prefix: list[tuple[str, str]]) -> HttpError:
@@ -136,7 +137,7 @@ class _Call:
     def context(self, protocol: Optional[int] = None) -> ServiceContext:
         ctx = ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, protocol), [],
                              settings.of(self.env), pin=self.pin)
-        if ctx.settings.pack_store:
+        if ctx.settings.pack_store or ctx.settings.node_url:
             # a cluster's node: its copy at the log's latest version before anything is read or
             # received (a push's thin pack names bases another node advertised)
             ctx.refstore()
@@ -258,6 +259,9 @@ def _handle(req: Request, seen: dict) -> Response:
         raise paths.die("No REQUEST_METHOD from server")
     if method == "HEAD":
         method = "GET"
+    if env.get("PATH_INFO", "").startswith(PEER_PACKS_PATH) and settings.of(env).node_url:
+        from . import peerpacks   # startup: a cluster's nodes only
+        return peerpacks.handle(req, method)
     full = paths.getdir(env)
     m = routes.match(full)
     if m is None:
@@ -274,7 +278,7 @@ def _handle(req: Request, seen: dict) -> Response:
         split = split_url(m.repo_dir)
         if split is not None:
             repo, pin = paths.enter_repo(split[0]), split[1]
-    if repo is None and pin is None and settings.of(env).pack_store:
+    if repo is None and pin is None and (settings.of(env).pack_store or settings.of(env).node_url):
         from ..refstore.store import materialize     # startup: replicas only
         if materialize(m.repo_dir, env):
             repo = paths.enter_repo(m.repo_dir)     # a replica's copy of a repository the log knows, made now

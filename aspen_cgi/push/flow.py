@@ -301,6 +301,8 @@ class Push:
             except OSError as e:
                 self.ctx.log.append(f"aspen: {e}\n")
                 res = intake.UnpackResult("the pack store cannot be written", res.keep)
+            else:
+                res = self._replicate(upload.directory, self.replica_packs[0], res)
         elif upload is not None:
             upload.discard()
         if res.error:
@@ -308,6 +310,22 @@ class Push:
             self.quarantine = None
         self.keep_file = res.keep
         return res.error
+
+    def _replicate(self, directory: str, name: str, res):
+        """Packs between nodes (ASPEN_NODE_URL): the push's pack on ASPEN_REPLICAS
+        nodes before any ref is committed, or the push fails."""
+        s = self.ctx.settings
+        if not s.node_url:
+            return res
+        from ..refstore import peers  # startup: a cluster's nodes only
+        try:
+            peers.replicate(s, os.path.basename(directory), name, os.path.join(directory, name), self.ctx.log.append)
+        except (store_db.Error, store_db.Busy):
+            return res      # the log is unreachable too: the push is refused when its refs are committed
+        except OSError as e:
+            self.ctx.log.append(f"aspen: {e}; push refused\n")
+            return intake.UnpackResult("the pack could not be kept on enough nodes", res.keep)
+        return res
 
     def _tee(self, upload):
         """Where the client's pack bytes go besides index-pack: the kept sent pack, the pack store."""

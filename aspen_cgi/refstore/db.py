@@ -339,6 +339,50 @@ def pg_stores(conn: pgconn.PgConn) -> list[tuple[str, str, int]]:
     return list(conn.execute("SELECT repo, schema_name, schema_version FROM public.aspen_stores ORDER BY repo"))
 
 
+# The cluster's nodes and who holds which pack (refstore/peers.py: packs between nodes, ASPEN_NODE_URL).
+# Tables of the whole database, made when first needed, outside every store's schema version.
+PG_PEERS = ('CREATE TABLE IF NOT EXISTS public.aspen_nodes (node TEXT COLLATE "C" PRIMARY KEY,'
+            ' seen DOUBLE PRECISION NOT NULL)',
+            'CREATE TABLE IF NOT EXISTS public.aspen_pack_holders (store TEXT COLLATE "C", name TEXT COLLATE "C",'
+            ' node TEXT COLLATE "C", at DOUBLE PRECISION NOT NULL, PRIMARY KEY (store, name, node))')
+
+
+def pg_peers_init(conn: pgconn.PgConn) -> None:
+    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
+    try:
+        for statement in PG_PEERS:
+            conn.execute(statement)
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+
+
+def pg_node_seen(conn: pgconn.PgConn, node: str, at: float) -> None:
+    conn.execute("INSERT INTO public.aspen_nodes (node, seen) VALUES (?, ?) ON CONFLICT (node) DO UPDATE"
+                 " SET seen = excluded.seen", (node, at))
+
+
+def pg_nodes(conn: pgconn.PgConn) -> list[tuple[str, float]]:
+    """(node, last seen) of every node of the cluster."""
+    return list(conn.execute("SELECT node, seen FROM public.aspen_nodes ORDER BY node"))
+
+
+def pg_pack_holders(conn: pgconn.PgConn, store: str, name: str) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT node FROM public.aspen_pack_holders WHERE store = ? AND name = ?"
+                                       " ORDER BY at DESC", (store, name))]
+
+
+def pg_hold(conn: pgconn.PgConn, store: str, name: str, node: str, at: float) -> None:
+    conn.execute("INSERT INTO public.aspen_pack_holders (store, name, node, at) VALUES (?, ?, ?, ?)"
+                 " ON CONFLICT (store, name, node) DO UPDATE SET at = excluded.at", (store, name, node, at))
+
+
+def pg_unhold(conn: pgconn.PgConn, store: str, name: str, node: str) -> None:
+    conn.execute("DELETE FROM public.aspen_pack_holders WHERE store = ? AND name = ? AND node = ?",
+                 (store, name, node))
+
+
 def pg_drop(conn: pgconn.PgConn, repo: str) -> bool:
     """Remove the store of the repository known as REPO (False: there was none)."""
     conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])

@@ -25,6 +25,7 @@ import uuid
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
 
+from .. import settings
 from ..git import gitexec
 from ..git.reader import object_info
 from ..model.versions import ZERO, RefChange
@@ -63,10 +64,18 @@ def publish_all(store: "RefStore", root: str, hash_len: int) -> str:
         if res.returncode != 0:
             raise ReplicaError(f"pack-objects failed: {res.stderr.decode('utf-8', 'replace').strip()}")
         up.written()
-        return up.finish(hash_len)
+        name = up.finish(hash_len)
     except BaseException:
         up.discard()
         raise
+    s = settings.of(store.env)
+    if s.node_url:      # packs between nodes: the import's pack on other nodes too, as far as they take it
+        from . import peers  # startup: a cluster's nodes only
+        try:
+            peers.replicate(s, os.path.basename(up.directory), name, os.path.join(up.directory, name))
+        except (OSError, db.Error, db.Busy):
+            pass        # kept here; the others fetch it from this node (peers.fetch)
+    return name
 
 
 def init_bare(path: str, env: Mapping[str, str]) -> bool:
@@ -208,10 +217,11 @@ def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> 
     except PackStoreError as e:
         raise ReplicaError(str(e)) from e
     try:
-        with open(path, "rb") as f:
-            head = f.read(12)
+        head = _head(path)
     except OSError:
-        raise ReplicaError(f"pack {name} is missing from the pack store ({packs.directory})") from None
+        if not _fetched(env, packs, name):
+            raise ReplicaError(f"pack {name} is missing from the pack store ({packs.directory})") from None
+        head = _head(path)
     # as receive-pack keeps a push's objects: loose under the unpack limit, else a pack of its own
     # (a pack per version would have every node's `gc --auto` repack after each 50 versions)
     small = len(head) == 12 and head[:4] == b"PACK" and int.from_bytes(head[8:12], "big") < UNPACK_LIMIT
@@ -219,6 +229,23 @@ def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> 
     res = gitexec.git(args, cwd=gitdir, env=gitexec.GitEnv(env), stdin_path=path)
     if res.returncode != 0:
         raise ReplicaError(f"index-pack of {name} failed: {res.stderr.decode('utf-8', 'replace').strip()}")
+
+
+def _head(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(12)
+
+
+def _fetched(env: Mapping[str, str], packs: PackStore, name: str) -> bool:
+    """Packs between nodes (ASPEN_NODE_URL): NAME brought from a node that holds it."""
+    s = settings.of(env)
+    if not s.node_url:
+        return False
+    from . import peers  # startup: a cluster's nodes only
+    try:
+        return peers.fetch(s, os.path.basename(packs.directory), name, packs.directory)
+    except (OSError, db.Error, db.Busy):
+        return False
 
 
 def _write_refs(gitdir: str, env: Mapping[str, str], rows, head: Optional[str]) -> None:

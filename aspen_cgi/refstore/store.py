@@ -101,13 +101,28 @@ def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
 
 def replica_mode(s: settings.Settings) -> bool:
     """Whether this node is a replica of the log (docs/cluster.md): a
-    PostgreSQL store and a pack store."""
-    return bool(s.refstore and s.refstore_url and s.pack_store)
+    PostgreSQL store, and a pack store or a node's URL (packs between nodes)."""
+    return bool(s.refstore and s.refstore_url and (s.pack_store or s.node_url))
+
+
+LOCAL_PACKS = ".aspen-packs"     # under GIT_PROJECT_ROOT: a node's own packs, without a shared pack store
+
+
+def pack_root(env: Mapping[str, str]) -> str:
+    """Where a replica keeps packs: the shared pack store, or this node's own
+    directory under GIT_PROJECT_ROOT (ASPEN_NODE_URL: packs between nodes)."""
+    s = settings.of(env)
+    if s.pack_store:
+        return s.pack_store
+    root = env.get("GIT_PROJECT_ROOT") or os.environ.get("GIT_PROJECT_ROOT")
+    if not root:
+        raise OSError("ASPEN_NODE_URL is set but GIT_PROJECT_ROOT is not")
+    return os.path.join(root, LOCAL_PACKS)
 
 
 def push_pack_store(gitdir: str, env: Mapping[str, str]) -> PackStore:
     """The repository's directory in the pack store, without opening its store."""
-    return PackStore(settings.of(env).pack_store, db.pg_schema(repo_key(gitdir, env)))
+    return PackStore(pack_root(env), db.pg_schema(repo_key(gitdir, env)))
 
 
 def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
@@ -340,7 +355,9 @@ class RefStore:
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
             return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
         except (OSError, db.Error) as e:
-            if log is not None and (isinstance(e, (PermissionError, NotADirectoryError))
+            if log is not None and isinstance(e, db.pgconn.Unavailable):
+                log.append(f"aspen: ref store unavailable ({e}); serving refs from disk\n")
+            elif log is not None and (isinstance(e, (PermissionError, NotADirectoryError))
                                     or (os.path.isdir(sdir) and not os.access(sdir, os.W_OK))):
                 log.append(f"aspen: the ref store cannot be kept in {sdir} ({e.__class__.__name__}: {e}); "
                            f"serving refs from disk (make it writable by the server's user, or set "
@@ -378,8 +395,7 @@ class RefStore:
     @property
     def replica_root(self) -> Optional[str]:
         """The pack store's root when this node is a replica of the log, else None."""
-        s = settings.of(self.env)
-        return s.pack_store if replica_mode(s) else None
+        return pack_root(self.env) if replica_mode(settings.of(self.env)) else None
 
     def _made(self) -> str:
         """The token of the making of this PostgreSQL store, as the state records it."""
@@ -391,7 +407,7 @@ class RefStore:
         version whose pack is applied."""
         root = self.replica_root
         if root is None:
-            raise OSError("this node is no replica: set ASPEN_REFSTORE_URL and ASPEN_PACK_STORE")
+            raise OSError("this node is no replica: set ASPEN_REFSTORE_URL and ASPEN_PACK_STORE or ASPEN_NODE_URL")
         before = replica.applied(os.path.dirname(self.path), self._made())
         latest = db.head(self.conn)[0] or self._import()
         self.version = replica.catch_up(self, root, latest, self._made(), progress)
@@ -402,6 +418,9 @@ class RefStore:
         latest, stored_fp, pending = db.head(self.conn)
         root = self.replica_root
         if root is not None:
+            if settings.of(self.env).node_url:
+                from . import peers  # startup: a cluster's nodes only
+                peers.here(settings.of(self.env))      # a node the others send packs to
             # the log is the truth and the disk follows it: never an external version
             return replica.catch_up(self, root, latest or self._import(), self._made())
         if latest == 0:

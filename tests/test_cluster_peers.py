@@ -1,0 +1,200 @@
+"""Packs between a cluster's nodes, with no shared filesystem (ASPEN_NODE_URL,
+refstore/peers.py, docs/cluster.md): a push is acknowledged only once its
+pack is on ASPEN_REPLICAS nodes; requests between nodes need the cluster's
+secret and a pack is checked before it is kept; a node that loses its disk
+while pushes go on rebuilds from its peers. The stack is tests/test_cluster.py's
+(PostgreSQL of its own, 3 gunicorn nodes, nginx), in its "peers" mode; that
+module runs all of its own tests in this mode too."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from aspen_cgi import settings
+from aspen_cgi.refstore import db, peers
+from aspen_cgi.refstore.store import LOCAL_PACKS
+
+from . import harness as h
+from .test_cluster import NGINX, Cluster, _aspen, check_clone, commit, new_work, node_refs, run
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.aspen_store_unchecked("each node's copies are verified here, with the cluster's settings")]
+
+
+@pytest.fixture(scope="module")
+def peers_cluster(tmp_path_factory):
+    h.need_system("nginx", NGINX)
+    base = tmp_path_factory.mktemp("peers")
+    c = Cluster(base, "peers")
+    try:
+        for i in range(3):
+            c.add_node(base / f"node{i}")
+        c.start_nginx(c.nodes)
+        yield c
+    finally:
+        c.stop()
+        h.forget_stopped_servers()
+
+
+def _holders(c: Cluster) -> dict[tuple[str, str], set[str]]:
+    conn = db.pgconn.PgConn(c.url, "public", 1, db.PG_USE_SCHEMA)
+    out: dict[tuple[str, str], set[str]] = {}
+    for store, name, node in conn.execute("SELECT store, name, node FROM aspen_pack_holders"):
+        out.setdefault((store, name), set()).add(node)
+    return out
+
+
+def _on_disk(node: h.Server, store: str, name: str) -> bool:
+    return (node.root / LOCAL_PACKS / store / name).is_file()
+
+
+def _schema(c: Cluster, name: str) -> str:
+    return db.pg_schema(f"c:{name}")
+
+
+def test_a_push_is_on_two_nodes_before_it_is_acknowledged(peers_cluster, tmp_path):
+    c = peers_cluster
+    work = new_work(c, "k.git", tmp_path)
+    store = _schema(c, "k.git")
+    before = {k for k in _holders(c) if k[0] == store}
+    commit(work, "kept twice", size=4096)
+    assert run("push", f"{c.nodes[0].url}/k.git", "HEAD:main", cwd=str(work)).returncode == 0
+    new = {k: v for k, v in _holders(c).items() if k[0] == store and k not in before}
+    assert len(new) == 1, new                     # the push's pack
+    (key, nodes), = new.items()
+    assert c.nodes[0].url in nodes and len(nodes) == 2, nodes
+    by_url = {n.url: n for n in c.nodes}
+    for node in nodes:
+        assert _on_disk(by_url[node], *key)
+    # the import's pack went to a second node too
+    imported = [k for k in before if len(_holders(c)[k]) >= 2]
+    assert imported, before
+
+
+def _sig(c: Cluster, method: str, path: str, secret: str = "") -> str:
+    s = settings.of({"ASPEN_REFSTORE_URL": c.url, "ASPEN_CLUSTER": "c", "ASPEN_NODE_URL": "http://127.0.0.1:1",
+                     "ASPEN_CLUSTER_SECRET": secret or "a-cluster-secret-of-the-tests"})
+    return peers.sign(s, method, path)
+
+
+def _request(url: str, method: str = "GET", data: bytes | None = None, sig: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=data, method=method)
+    if sig is not None:
+        req.add_header(peers.HEADER, sig)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_node_requests_need_the_secret_and_a_pack_is_checked_before_it_is_kept(peers_cluster, tmp_path):
+    """GET without a signature or with another secret's: 403; signed: the
+    file's bytes; a missing file: 404. PUT of bytes that are not the pack
+    the name says: 400, nothing kept; of the right bytes: 201, kept."""
+    c = peers_cluster
+    new_work(c, "s.git", tmp_path)
+    store = _schema(c, "s.git")
+    key = next(k for k in _holders(c) if k[0] == store)
+    holder = next(n for n in c.nodes if _on_disk(n, *key))
+    other = next(n for n in c.nodes if not _on_disk(n, *key)) if not all(_on_disk(n, *key) for n in c.nodes) \
+        else None
+    path = f"{peers.PREFIX}{store}/{key[1]}"
+    assert _request(holder.url + path)[0] == 403
+    assert _request(holder.url + path, sig=_sig(c, "GET", path, "another-secret-of-16-chars"))[0] == 403
+    assert _request(holder.url + path, sig=_sig(c, "PUT", path))[0] == 403       # signed for another method
+    status, body = _request(holder.url + path, sig=_sig(c, "GET", path))
+    assert status == 200 and body == (holder.root / LOCAL_PACKS / store / key[1]).read_bytes()
+    missing = f"{peers.PREFIX}{store}/{'0' * 40}.pack"
+    assert _request(holder.url + missing, sig=_sig(c, "GET", missing))[0] == 404
+    target = other or holder
+    bad_name = f"{'1' * 40}.pack"
+    bad = f"{peers.PREFIX}{store}/{bad_name}"
+    assert _request(target.url + bad, "PUT", body, _sig(c, "PUT", bad))[0] == 400
+    assert not (target.root / LOCAL_PACKS / store / bad_name).exists()
+    flipped = body[:20] + bytes([body[20] ^ 1]) + body[21:]
+    if other is not None:
+        assert _request(other.url + path, "PUT", flipped, _sig(c, "PUT", path))[0] == 400
+        assert not _on_disk(other, *key)
+        assert _request(other.url + path, "PUT", body, _sig(c, "PUT", path))[0] == 201
+        assert _on_disk(other, *key)
+    assert not [p for p in (target.root / LOCAL_PACKS / store).iterdir() if p.name.startswith("tmp-")]
+
+
+def test_a_push_is_refused_when_too_few_nodes_can_keep_its_pack(peers_cluster, tmp_path):
+    c = peers_cluster
+    work = new_work(c, "f.git", tmp_path)
+    want = node_refs(c.nodes[0], "f.git")
+    c.nodes[1].stop()
+    c.nodes[2].stop()
+    try:
+        commit(work, "alone")
+        r = run("push", f"{c.nodes[0].url}/f.git", "HEAD:main", cwd=str(work))
+        assert r.returncode != 0 and "could not be kept on enough nodes" in r.stderr, r.stderr
+        assert node_refs(c.nodes[0], "f.git") == want
+    finally:
+        c.restart(1)
+        c.restart(2)
+    r = run("push", f"{c.nodes[0].url}/f.git", "HEAD:main", cwd=str(work))
+    assert r.returncode == 0, r.stderr
+    for n in c.nodes:
+        assert node_refs(n, "f.git")["refs/heads/main"] == h.out("rev-parse", "HEAD", cwd=str(work))
+
+
+def test_a_node_that_loses_its_disk_while_pushes_go_on_rebuilds_from_its_peers(peers_cluster, tmp_path):
+    """Node 1's repositories and packs are deleted while pushes go through
+    nodes 0 and 2; it comes back empty and makes its copies from the log and
+    its peers' packs: every acknowledged push on every node, fsck clean, and
+    `aspen verify` clean on each."""
+    c = peers_cluster
+    works = {name: new_work(c, name, tmp_path / name) for name in ("w1.git", "w2.git")}
+    for name in works:
+        assert run("ls-remote", f"{c.nodes[1].url}/{name}").returncode == 0     # node 1 has its copies
+    acked: dict[str, list[str]] = {name: [] for name in works}
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def pusher(name: str, node: int) -> None:
+        work = works[name]
+        i = 0
+        while not stop.is_set() and i < 40:
+            tip = commit(work, f"{name}-{i}", size=2048)
+            r = run("push", f"{c.nodes[node].url}/{name}", "HEAD:main", cwd=str(work))
+            if r.returncode == 0:
+                acked[name].append(tip)
+            else:
+                errors.append(r.stderr)
+                h.git("reset", "-q", "--hard", "HEAD~1", cwd=str(work))
+            i += 1
+    threads = [threading.Thread(target=pusher, args=("w1.git", 0)), threading.Thread(target=pusher, args=("w2.git", 2))]
+    for t in threads:
+        t.start()
+    try:
+        c.nodes[1].stop()
+        for p in c.nodes[1].root.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        c.restart(1)
+        for name in works:
+            assert run("ls-remote", f"{c.nodes[1].url}/{name}").returncode == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+    assert not errors, errors
+    for name, work in works.items():
+        assert acked[name], name
+        want = node_refs(c.nodes[0], name)
+        assert want["refs/heads/main"] == acked[name][-1]
+        for i, n in enumerate(c.nodes):
+            assert node_refs(n, name) == want
+            check_clone(f"{n.url}/{name}", tmp_path / f"m-{name}-{i}", want)
+            h.fsck_strict(str(n.root / name))
+            r = _aspen(c, i, "verify", str(n.root / name))
+            assert r.returncode == 0, r.stdout + r.stderr
+    assert any(f"service=peer-packs" in n.log_text() for n in (c.nodes[0], c.nodes[2]))
