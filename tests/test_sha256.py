@@ -104,6 +104,8 @@ def test_push_clone_fetch_and_shallow_beside_stock(tmp_path, cgi_server_factory,
             clones[v] = dest
         new = _commit(work, f"next-{name}")
         h.git("push", url, "main", cwd=str(work))
+        if name == "aspen" and packs_setting != "off":
+            h.wait_packs_built(repo)    # the push's pack: the fetches below are planned from it, not raced
         for v, dest in clones.items():
             h.git("-c", f"protocol.version={v}", "fetch", "-q", "origin", cwd=str(dest))
             _fsck(dest)
