@@ -109,6 +109,7 @@ def test_node_requests_need_the_secret_and_a_pack_is_checked_before_it_is_kept(p
     assert _request(holder.url + path)[0] == 403
     assert _request(holder.url + path, sig=_sig(c, "GET", path, "another-secret-of-16-chars"))[0] == 403
     assert _request(holder.url + path, sig=_sig(c, "PUT", path))[0] == 403       # signed for another method
+    assert _request(f"http://127.0.0.1:{c.port}{path}", sig=_sig(c, "GET", path))[0] == 404  # not through nginx
     status, body = _request(holder.url + path, sig=_sig(c, "GET", path))
     assert status == 200 and body == (holder.root / LOCAL_PACKS / store / key[1]).read_bytes()
     missing = f"{peers.PREFIX}{store}/{'0' * 40}.pack"

@@ -269,7 +269,7 @@ def cluster(m: Machine, tmp: Path) -> None:
     ports = [h.free_port() for _ in range(3)]
     m.env.update({"PG_VERSION": m.pg_version, "PG_CLUSTER": m.pg_cluster, "DB_HOST": "127.0.0.1",
                   "DB_PORT": str(pg_port), "DB_PASSWORD": "db-" + secrets.token_hex(6), "NODES": "127.0.0.1/32",
-                  "PACK_STORE": str(base / "packs"), "NODE_ROOT": str(base / "node0"),
+                  "CLUSTER_SECRET": "secret-" + secrets.token_hex(8), "NODE_ROOT": str(base / "node0"),
                   "CLUSTER_NODES": " ".join(f"127.0.0.1:{p}" for p in ports)})
     m.run("cluster-db")
     m.run("cluster-init")
@@ -302,6 +302,9 @@ def cluster(m: Machine, tmp: Path) -> None:
         h.git("clone", "-q", "--mirror", f"http://127.0.0.1:{port}/shared.git", str(copy))
         h.fsck_strict(str(copy))
         assert h.out("rev-parse", "refs/heads/main", cwd=str(copy)) == want, i
+    # no shared directory: the push's pack is on two nodes' own disks
+    held = [i for i in range(3) if any((base / f"node{i}" / ".aspen-packs").rglob("*.pack"))]
+    assert len(held) >= 2, held
 
 
 def test_the_install_page_as_typed(tmp_path):
