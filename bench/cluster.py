@@ -111,10 +111,12 @@ def start_nginx(nodes: list[str], user: str = USER, password: str = PASSWORD) ->
 
 
 class ClusterStack:
-    """PostgreSQL, a pack store, N gunicorn nodes (own roots) and nginx, under WORKDIR."""
+    """PostgreSQL, N gunicorn nodes (own roots) and nginx, under WORKDIR; the
+    packs pass between the nodes (PACKS "peers": ASPEN_NODE_URL) or live in
+    one pack store directory ("shared")."""
 
     def __init__(self, workdir: Path, n: int, root: Optional[Path], env: Optional[dict] = None,
-                 workers: int = 2, threads: int = 16, timeout: float = 60.0):
+                 workers: int = 2, threads: int = 16, timeout: float = 60.0, packs: str = "peers"):
         sys.path.insert(0, str(PROJECT))
         from tests import pgserver        # the tests' PostgreSQL starter: initdb, pg_ctl, as postgres when root
         from .targets import _gunicorn, copy_root, repositories
@@ -128,7 +130,10 @@ class ClusterStack:
             self.url = self.pg.create_database("cluster")
             self.packs = self.workdir / "packstore"
             self.packs.mkdir(exist_ok=True)
-            self.env = {"ASPEN_REFSTORE_URL": self.url, "ASPEN_PACK_STORE": str(self.packs), "ASPEN_CLUSTER": "bench",
+            self.mode = packs
+            where = ({"ASPEN_PACK_STORE": str(self.packs)} if packs == "shared" else
+                     {"ASPEN_CLUSTER_SECRET": "bench-" + os.urandom(12).hex()})
+            self.env = {"ASPEN_REFSTORE_URL": self.url, **where, "ASPEN_CLUSTER": "bench",
                         "ASPEN_REMOTE_USER_HEADER": "X-Remote-User", "ASPEN_ACCESS_LOG": "1",
                         "ASPEN_RUN_DIR": str(self.workdir / "run"), **(env or {})}
             self._gunicorn = _gunicorn
@@ -155,12 +160,15 @@ class ClusterStack:
                 subprocess.run(["git", "ls-remote", f"{self.node_url(i)}/{name}"], check=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
 
-    def _start_node(self, i: int, node_root: Path) -> tuple[subprocess.Popen, int, Path, Path]:
+    def _start_node(self, i: int, node_root: Path, port: int = 0) -> tuple[subprocess.Popen, int, Path, Path]:
         workers, threads, timeout = self.opts
         node_dir = self.workdir / f"node{i}"
-        proc, port, log = self._gunicorn(f"node{i}", "aspen_cgi.wsgi:application", node_root, node_dir,
-                                         dict(self.env, ASPEN_RUN_DIR=str(node_dir / "run")), workers, threads,
-                                         timeout, unset=("ASPEN_VERSION_PACKS",))
+        env = dict(self.env, ASPEN_RUN_DIR=str(node_dir / "run"))
+        if self.mode == "peers":
+            port = port or _free_port()          # its address is its name among the nodes
+            env["ASPEN_NODE_URL"] = f"http://127.0.0.1:{port}"
+        proc, port, log = self._gunicorn(f"node{i}", "aspen_cgi.wsgi:application", node_root, node_dir, env,
+                                         workers, threads, timeout, unset=("ASPEN_VERSION_PACKS",), port=port)
         return proc, port, log, node_root
 
     def stop_node(self, i: int) -> None:
@@ -168,7 +176,7 @@ class ClusterStack:
         _terminate(self.nodes[i][0])
 
     def start_node(self, i: int) -> None:
-        self.nodes[i] = self._start_node(i, self.nodes[i][3])
+        self.nodes[i] = self._start_node(i, self.nodes[i][3], self.nodes[i][1] if self.mode == "peers" else 0)
 
     def node_url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.nodes[i][1]}"

@@ -163,8 +163,8 @@ def _terminate(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 def _gunicorn(name: str, app: str, root: Path, workdir: Path, env: dict, workers: int, threads: int,
-              timeout: float, unset: tuple = ()) -> tuple[subprocess.Popen, int, Path]:
-    """Start gunicorn on 127.0.0.1:0 and read its port from its `Listening at:` line.
+              timeout: float, unset: tuple = (), port: int = 0) -> tuple[subprocess.Popen, int, Path]:
+    """Start gunicorn on 127.0.0.1:PORT (0: any) and read its port from its `Listening at:` line.
     Variables in UNSET are not inherited from the bench's environment (ENV may still set them)."""
     log = workdir / f"{name}.log"
     full = {k: v for k, v in os.environ.items() if k not in unset}
@@ -173,7 +173,7 @@ def _gunicorn(name: str, app: str, root: Path, workdir: Path, env: dict, workers
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT), full.get("PYTHONPATH")]))
     with open(log, "wb") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "--bind", "127.0.0.1:0", "--worker-class", "gthread",
+            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
              "--workers", str(workers), "--threads", str(threads), "--timeout", "600",
              "--graceful-timeout", "5", "--backlog", "2048", app],
             env=full, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, cwd=str(PROJECT),
