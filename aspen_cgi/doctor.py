@@ -13,6 +13,7 @@ import os
 import pwd
 import re
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Mapping, Optional
 
@@ -319,12 +320,57 @@ def _cluster_findings(s, user: str) -> list[Finding]:
             out.append(Finding(FAIL, "postgresql", f"ASPEN_REFSTORE_URL unreachable or not initialised ({e}); "
                                                    f"requests serve refs from disk and pushes fail: check the "
                                                    f"server, pg_hba.conf and `aspen db init`"))
+    if s.node_url and s.refstore_url:
+        out += _node_findings(s)
     if s.pack_store:
         if os.path.isdir(s.pack_store) and os.access(s.pack_store, os.W_OK | os.X_OK):
             out.append(Finding(OK, "pack-store", f"{s.pack_store} writable by {user}"))
         else:
             out.append(Finding(FAIL, "pack-store", f"{s.pack_store} is missing or not writable by {user}: pushes "
                                                    f"are refused; mount it and chown {user} it"))
+    return out
+
+
+def _answers(url: str) -> bool:
+    """Whether an Aspen node answers at URL (any HTTP status to an unsigned pack request)."""
+    import http.client  # startup
+    from urllib.parse import urlsplit  # startup
+    u = urlsplit(url)
+    conn = (http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection)(u.netloc, timeout=5)
+    try:
+        conn.request("GET", u.path.rstrip("/") + "/_aspen/packs/doctor/" + "0" * 40 + ".pack")
+        return conn.getresponse().status in (403, 404)
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def _node_findings(s) -> list[Finding]:
+    """Packs between nodes: the nodes the log knows, and whether each answers."""
+    from .refstore import db, peers  # startup
+    try:
+        conn = db.pgconn.PgConn(s.refstore_url, "public", 1, db.PG_USE_SCHEMA)
+        db.pg_peers_init(conn)
+        known = db.pg_nodes(conn)
+    except (db.Error, db.Busy) as e:
+        return [Finding(FAIL, "nodes", f"the log's list of nodes cannot be read ({e})")]
+    now = time.time()
+    live = [n for n, seen in known if now - seen < peers.GONE_S]
+    out = []
+    if _answers(s.node_url):
+        out.append(Finding(OK, "node-url", f"{s.node_url} answers"))
+    else:
+        out.append(Finding(FAIL, "node-url", f"{s.node_url} (ASPEN_NODE_URL) does not answer: the other nodes "
+                                             f"can neither send this one packs nor fetch from it"))
+    for node in live:
+        if node != s.node_url and not _answers(node):
+            out.append(Finding(NOTE, "nodes", f"{node} does not answer from here"))
+    if len(set(live) | {s.node_url}) < s.replicas:
+        out.append(Finding(NOTE, "nodes", f"{len(set(live) | {s.node_url})} node(s) known, ASPEN_REPLICAS is "
+                                          f"{s.replicas}: each push is kept on every node until more join"))
+    else:
+        out.append(Finding(OK, "nodes", f"{len(live)} known; each push kept on {s.replicas} of them"))
     return out
 
 

@@ -20,6 +20,12 @@ first request (an `ls-remote` through it), for each lag: node B answers
 once (it has its copy), B is stopped, LAG pushes of one commit each go
 through node A, B is started again and asked.
 
+    python -m bench.cluster pushes [--nodes 1,3] [--packs peers,shared] [--count 50] [--json]
+
+measures pushes through node 0, each then asked for through node 1 (the
+push's wall time, the ls-remote's, whether it showed the push), and the
+pack bytes the cluster keeps per push (its copies on every node).
+
     python -m bench.cluster outage [--nodes 3] [--preset small] [--rounds 20] [--json]
 
 measures what a PostgreSQL outage costs clients: ROUNDS of `ls-remote` and
@@ -263,14 +269,14 @@ def _timed(*args: str, cwd: Optional[Path] = None, check: bool = True) -> tuple[
     return (time.monotonic() - t0) * 1000, r
 
 
-def outage(workdir: Path, nodes: int, preset: str, rounds: int, progress=None) -> dict:
+def outage(workdir: Path, nodes: int, preset: str, rounds: int, progress=None, packs: str = "peers") -> dict:
     """ls-remote and clone wall times through nginx with PostgreSQL up, then away; a push while away."""
     from . import repogen
     from .stats import percentile
     src = workdir / "src"
     src.mkdir(parents=True)
     repogen.generate(repogen.PRESETS[preset], src / "bench.git")
-    stack = ClusterStack(workdir / "stack", nodes, src, workers=1, threads=8)
+    stack = ClusterStack(workdir / "stack", nodes, src, workers=1, threads=8, packs=packs)
     done = 0
 
     def step(what: str) -> None:
@@ -312,7 +318,7 @@ def outage(workdir: Path, nodes: int, preset: str, rounds: int, progress=None) -
         landed_s = time.monotonic() - t0 if r.returncode == 0 else None
     finally:
         stack.stop()
-    out: dict = {"nodes": nodes, "preset": preset, "rounds": rounds, "same_refs_away": refs["up"] == refs["away"],
+    out: dict = {"nodes": nodes, "packs": packs, "preset": preset, "rounds": rounds, "same_refs_away": refs["up"] == refs["away"],
                  "push_away_ms": round(push_away_ms, 1), "push_away_refused": refused,
                  "push_lands_after_up_s": None if landed_s is None else round(landed_s, 2), "ops": {}}
     for op in ("ls-remote", "clone"):
@@ -325,6 +331,50 @@ def outage(workdir: Path, nodes: int, preset: str, rounds: int, progress=None) -
         row["ratio_p99"] = round(row["away"]["p99"] / row["up"]["p99"], 2)
         out["ops"][op] = row
     return out
+
+
+def pushes(workdir: Path, n: int, packs: str, count: int, size: int, progress=None) -> dict:
+    """COUNT pushes of one commit (a new file of SIZE random bytes) through
+    node 0; after each, an ls-remote through node 1 must show it. Push and
+    visibility wall times, and the pack bytes the nodes keep per push."""
+    from . import repogen
+    from .stats import percentile
+    src = workdir / "src"
+    src.mkdir(parents=True)
+    repogen.generate(repogen.PRESETS["tiny"], src / "bench.git")
+    stack = ClusterStack(workdir / "stack", n, src, workers=1, threads=8, packs=packs)
+    push_ms, visible_ms, stale = [], [], 0
+    try:
+        url0, url1 = stack.node_url(0) + "/bench.git", stack.node_url(min(1, n - 1)) + "/bench.git"
+        work = workdir / "work"
+        _git("clone", "-q", url0, str(work))
+        branch = _git("symbolic-ref", "--short", "HEAD", cwd=work).stdout.decode().strip()
+
+        def kept() -> int:
+            roots = [stack.packs] if packs == "shared" else [r / ".aspen-packs" for _, _, _, r in stack.nodes]
+            return sum(f.stat().st_size for r in roots if r.exists() for f in r.rglob("*.pack")
+                       if not f.name.startswith(("pack-", "tmp-")))
+        before = kept()
+        for k in range(count):
+            (work / f"p{k}.bin").write_bytes(os.urandom(size))
+            _git("add", ".", cwd=work)
+            _git("commit", "-q", "-m", f"push {k}", cwd=work)
+            tip = _git("rev-parse", "HEAD", cwd=work).stdout.decode().strip()
+            ms, _ = _timed("push", "-q", url0, f"HEAD:{branch}", cwd=work)
+            push_ms.append(ms)
+            ms, r = _timed("ls-remote", url1)
+            visible_ms.append(ms)
+            stale += f"{tip}\trefs/heads/{branch}" not in r.stdout.decode()
+            if progress:
+                progress(k + 1, count, f"{n} nodes, {packs}")
+        per_push = (kept() - before) / count
+    finally:
+        stack.stop()
+
+    def dist(xs: list[float]) -> dict:
+        return {"p50": round(percentile(xs, 50), 1), "p99": round(percentile(xs, 99), 1), "max": round(max(xs), 1)}
+    return {"nodes": n, "packs": packs, "pushes": count, "size": size, "push_ms": dist(push_ms),
+            "visible_ms": dist(visible_ms), "not_visible": stale, "kept_bytes_per_push": round(per_push)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -347,21 +397,56 @@ def main(argv: Optional[list[str]] = None) -> int:
     o.add_argument("--preset", default="small", help="the repository's preset (bench/repogen.py; default "
                                                      "%(default)s)")
     o.add_argument("--rounds", type=int, default=20, help="operations of each kind per state (default %(default)s)")
+    o.add_argument("--packs", default="peers", choices=("peers", "shared"),
+                   help="packs between the nodes or in a pack store (default %(default)s)")
     o.add_argument("--json", action="store_true", help="the result as one JSON object")
+    q = sub.add_parser("pushes", help="pushes through one node, each then asked through another",
+                       description="COUNT pushes of one commit through node 0 of N nodes (packs between the "
+                                   "nodes, or a pack store), each then asked for through node 1 (ls-remote): "
+                                   "push and visibility wall times, pack bytes the cluster keeps per push.")
+    q.add_argument("--nodes", default="1,3", help="comma-separated node counts (default %(default)s)")
+    q.add_argument("--packs", default="peers,shared", help="comma-separated: peers, shared (default %(default)s)")
+    q.add_argument("--count", type=int, default=50, help="pushes per stack (default %(default)s)")
+    q.add_argument("--size", type=int, default=65536, help="random bytes per push (default %(default)s)")
+    q.add_argument("--json", action="store_true", help="one JSON line per stack")
     args = p.parse_args(argv)
     from .progress import Progress
+    if args.command == "pushes":
+        rows = []
+        for n in [int(x) for x in args.nodes.split(",") if x]:
+            for mode in [m for m in args.packs.split(",") if m]:
+                workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-pushes-"))
+                try:
+                    bar = Progress(args.count, f"{n} nodes, {mode}")
+                    rows.append(pushes(workdir, n, mode, args.count, args.size, bar.update))
+                    bar.close()
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+        if args.json:
+            for r in rows:
+                print(json.dumps(r))
+        else:
+            print("| nodes | packs | push p50 / p99 / max ms | visible through another node p50 / p99 ms | "
+                  "not visible | pack bytes kept per push |")
+            print("|---:|---|---|---|---:|---:|")
+            for r in rows:
+                pm, vm = r["push_ms"], r["visible_ms"]
+                print(f"| {r['nodes']} | {r['packs']} | {pm['p50']} / {pm['p99']} / {pm['max']} | {vm['p50']} / "
+                      f"{vm['p99']} | {r['not_visible']} | {r['kept_bytes_per_push']:,} |")
+        return 0 if all(r["not_visible"] == 0 for r in rows) else 1
     if args.command == "outage":
         workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-outage-"))
         try:
             bar = Progress(4 * args.rounds, "outage")
-            res = outage(workdir, args.nodes, args.preset, args.rounds, bar.update)
+            res = outage(workdir, args.nodes, args.preset, args.rounds, bar.update, args.packs)
             bar.close()
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         if args.json:
             print(json.dumps(res))
         else:
-            print(f"{res['nodes']} nodes, preset {res['preset']}, {res['rounds']} of each; PostgreSQL up, then away")
+            print(f"{res['nodes']} nodes ({res['packs']}), preset {res['preset']}, {res['rounds']} of each; "
+                  "PostgreSQL up, then away")
             print("| operation | up p50 / p99 / max ms | away p50 / p99 / max ms | away/up p50 | away/up p99 |")
             print("|---|---|---|---:|---:|")
             for op, row in res["ops"].items():

@@ -284,6 +284,7 @@ def cluster(m: Machine, tmp: Path) -> None:
         unit.start()
         out = m.run("cluster-check")
         assert "no problem found" in out and "ok    postgresql: reachable" in out, out
+        assert f"ok    node-url: http://127.0.0.1:{port} answers" in out, out
     m.env.update({"NODE_ROOT": str(base / "node0")})
     m.run("cluster-nginx")
     m.run("cluster-repo")

@@ -298,6 +298,8 @@ def fetch(s: settings.Settings, schema: str, name: str, directory: str) -> bool:
     """Bring the file NAME of SCHEMA into DIRECTORY from a node that has it:
     the nodes recorded as holding it first, then every other node."""
     recorded = holders(s, schema, name)
+    if s.node_url in recorded:
+        _unhold(s, schema, name, s.node_url)     # this node lost it (its disk was replaced)
     rest = [n for n in nodes(s) if n not in recorded]
     random.shuffle(rest)
     for node in recorded + rest:
