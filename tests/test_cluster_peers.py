@@ -8,8 +8,11 @@ module runs all of its own tests in this mode too."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -199,3 +202,83 @@ def test_a_node_that_loses_its_disk_while_pushes_go_on_rebuilds_from_its_peers(p
             r = _aspen(c, i, "verify", str(n.root / name))
             assert r.returncode == 0, r.stdout + r.stderr
     assert any(f"service=peer-packs" in n.log_text() for n in (c.nodes[0], c.nodes[2]))
+
+
+def _workers(node: h.Server) -> set[int]:
+    """The pids of the node's gunicorn workers (its master's children)."""
+    out = set()
+    for pid, _, _ in h.processes():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == node.proc.pid:
+                    out.add(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def test_a_rolling_reload_under_load_fails_no_client_and_loses_no_push(peers_cluster, tmp_path):
+    """Each node's code started again in turn (SIGHUP, what the shipped
+    unit's `systemctl reload` sends: gunicorn starts new workers, which
+    import the code as it is now, and lets the old ones finish what they
+    took; the listening socket stays open) while pushers and cloners go
+    through nginx: no client operation fails, and every acknowledged push
+    is on every node afterwards."""
+    c = peers_cluster
+    seed = new_work(c, "roll.git", tmp_path / "seed")
+    h.git("push", "-q", c.front("roll.git", auth=True), "HEAD:refs/heads/seed", cwd=str(seed))
+    stop = threading.Event()
+    failures: list[str] = []
+    acked: dict[str, str] = {}
+    counts = {"push": 0, "clone": 0}
+
+    def pusher(k: int) -> None:
+        work = tmp_path / f"pusher{k}"
+        h.git("clone", "-q", c.front("roll.git"), str(work))
+        i = 0
+        while not stop.is_set():
+            tip = commit(work, f"roll-{k}-{i}", size=1024)
+            r = run("push", c.front("roll.git", auth=True), f"HEAD:refs/heads/p{k}", cwd=str(work))
+            counts["push"] += 1
+            if r.returncode != 0:
+                failures.append(f"push: {r.stderr}")
+                return
+            acked[f"refs/heads/p{k}"] = tip
+            i += 1
+
+    def cloner(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            dest = tmp_path / f"clone{k}-{i}"
+            r = run("clone", "-q", "--bare", c.front("roll.git"), str(dest))
+            counts["clone"] += 1
+            if r.returncode != 0:
+                failures.append(f"clone: {r.stderr}")
+                return
+            shutil.rmtree(dest)
+            i += 1
+    threads = [threading.Thread(target=pusher, args=(k,)) for k in range(2)]
+    threads += [threading.Thread(target=cloner, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for node in c.nodes:
+            stop.wait(2)
+            old = _workers(node)
+            assert old
+            os.kill(node.proc.pid, signal.SIGHUP)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (_workers(node) and not _workers(node) & old):
+                time.sleep(0.05)
+            assert _workers(node) and not _workers(node) & old, "the node's workers were not replaced"
+        stop.wait(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+    assert not failures, failures
+    assert counts["push"] >= 6 and counts["clone"] >= 4, counts
+    for n in c.nodes:
+        refs = node_refs(n, "roll.git")
+        for ref, tip in acked.items():
+            assert refs[ref] == tip, (n.url, ref)
