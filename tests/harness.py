@@ -17,8 +17,11 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 from aspen_cgi import settings
+
+if TYPE_CHECKING:
+    from . import netns
 
 STOCK = "/usr/lib/git-core/git-http-backend"
 ASPEN_CGI = str(Path(sys.executable).parent / "aspen-cgi")
@@ -240,13 +243,18 @@ class Server:
     threads: int = 8               # gunicorn threads per worker
     workers: int = 2
     timeout: int = 120             # gunicorn's worker timeout, seconds
+    host: Optional["netns.Host"] = None    # a test host (tests/netns.py) to run on, else this machine
 
     def __post_init__(self) -> None:
         _servers.append(self)   # its repositories' ref stores are verified once it has stopped
 
     @property
+    def address(self) -> str:
+        return self.host.address if self.host is not None else "127.0.0.1"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     def start(self) -> "Server":
         """Bind port 0 and read the port gunicorn got from its own log line, so
@@ -256,12 +264,14 @@ class Server:
         env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1"})
         env.update(self.env)
         self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
+        argv = [GUNICORN, "--bind", f"{self.address}:{self.port}", "--worker-class", "gthread", "--threads",
+                str(self.threads), "--workers", str(self.workers), "--timeout", str(self.timeout),
+                "aspen_cgi.wsgi:application"]
         self.proc = subprocess.Popen(
-            [GUNICORN, "--bind", f"127.0.0.1:{self.port}", "--worker-class", "gthread", "--threads", str(self.threads),
-             "--workers", str(self.workers), "--timeout", str(self.timeout), "aspen_cgi.wsgi:application"],
+            self.host.argv(argv) if self.host is not None else argv,
             env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
             cwd=str(Path(__file__).resolve().parent.parent))
-        pattern = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+) \(%d\)" % self.proc.pid)
+        pattern = re.compile(r"Listening at: http://%s:(\d+) \(%d\)" % (re.escape(self.address), self.proc.pid))
         deadline = time.time() + 30
         while time.time() < deadline:
             m = pattern.search(self.log_text())
@@ -284,14 +294,6 @@ class Server:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log else ""
-
-
-def free_port() -> int:
-    """A loopback port free now (another process may take it before it is bound)."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def send_and_answer(port: int, head: bytes, body_parts, timeout: float = 60) -> bytes:

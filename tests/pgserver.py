@@ -14,9 +14,12 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .harness import free_port, need_system
+
+if TYPE_CHECKING:
+    from .netns import Host
 
 
 def bindir() -> Optional[str]:
@@ -35,12 +38,19 @@ class PgServer:
     user: Optional[str]          # the user it runs as (None: this process's)
     bindir: str
     proc_log: str
+    host: Optional["Host"] = None    # a test host (tests/netns.py) it runs on, else this machine's loopback
+    clients: str = ""                # with HOST: the network its clients connect from (pg_hba.conf)
+
+    @property
+    def address(self) -> str:
+        return self.host.address if self.host is not None else "127.0.0.1"
 
     def url(self, database: str = "postgres") -> str:
-        return f"postgresql://aspen@127.0.0.1:{self.port}/{database}"
+        return f"postgresql://aspen@{self.address}:{self.port}/{database}"
 
     def _as_owner(self, *args: str) -> list[str]:
-        return (["runuser", "-u", self.user, "--"] if self.user else []) + list(args)
+        argv = (["runuser", "-u", self.user, "--"] if self.user else []) + list(args)
+        return self.host.argv(argv) if self.host is not None else argv
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(self._as_owner(*args), capture_output=True, text=True, check=check,
@@ -50,12 +60,14 @@ class PgServer:
         data = os.path.join(self.workdir, "data")
         self.run(os.path.join(self.bindir, "initdb"), "-D", data, "-A", "trust", "-U", "aspen",
                  "-E", "UTF8", "--locale=C", "--no-sync")
+        if self.clients:
+            self.run("sh", "-c", f"echo 'host all all {self.clients} trust' >> {data}/pg_hba.conf")
         return self.up()
 
     def up(self) -> "PgServer":
         """pg_ctl start (again, after stop())."""
         data = os.path.join(self.workdir, "data")
-        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.workdir} -c fsync=off"
+        opts = (f"-c listen_addresses={self.address} -p {self.port} -k {self.workdir} -c fsync=off"
                 " -c max_connections=200 -c shared_buffers=32MB")
         self.run(os.path.join(self.bindir, "pg_ctl"), "-D", data, "-o", opts, "-l", self.proc_log, "-w",
                  "-t", "60", "start")
@@ -88,8 +100,10 @@ def server() -> PgServer:
     return _server
 
 
-def private() -> PgServer:
-    """A PostgreSQL of the caller's own (one it may stop and start); the caller removes it (remove())."""
+def private(host: Optional["Host"] = None, clients: str = "") -> PgServer:
+    """A PostgreSQL of the caller's own (one it may stop and start), on the
+    test host HOST (tests/netns.py) letting in CLIENTS (a network), else on
+    loopback; the caller removes it (remove())."""
     need_system("postgresql", "/usr/lib/postgresql")
     bd = bindir()
     if bd is None:
@@ -104,7 +118,7 @@ def private() -> PgServer:
     os.chmod(workdir, 0o755)
     if user:
         shutil.chown(workdir, user)
-    s = PgServer(workdir, free_port(), user, bd, os.path.join(workdir, "server.log"))
+    s = PgServer(workdir, free_port(), user, bd, os.path.join(workdir, "server.log"), host, clients)
     try:
         s.start()
     except subprocess.CalledProcessError as e:

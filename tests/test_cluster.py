@@ -1,6 +1,8 @@
 """Aspen as a cluster (docs/cluster.md, issue 20): a real PostgreSQL of the
-module's own (it is stopped and started here), a pack store directory, 3
-gunicorn nodes each over its own repository root, and nginx in front with
+module's own (it is stopped and started here), 3 gunicorn nodes each over
+its own repository root, each node and PostgreSQL on a test host of its own
+(a network namespace, tests/netns.py), the packs passing between the nodes
+or in a pack store directory (each test runs in both), and nginx in front with
 nginx/aspen-cluster.conf, its placeholders filled in (bench/cluster.py's
 start_nginx, which the bench's cluster targets use too). Real git clients
 push through one node and fetch through the others; a node is killed with
@@ -19,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -26,7 +29,7 @@ from aspen_cgi.refstore import pgconn
 from bench import cluster as cluster_bench
 
 from . import harness as h
-from . import pgserver
+from . import netns, pgserver
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.aspen_store_unchecked("each node's copies are verified here, with the cluster's settings")]
@@ -45,7 +48,13 @@ class Cluster:
     def __init__(self, base: Path, mode: str):
         self.base = base
         self.mode = mode
-        self.pg = pgserver.private()
+        netns.need()
+        self.net = netns.Network()
+        try:
+            self.pg = pgserver.private(self.net.host(), self.net.subnet)
+        except BaseException:
+            self.net.close()
+            raise
         self.url = self.pg.create_database("cluster")
         self.packs = base / "packstore"
         self.packs.mkdir()
@@ -53,44 +62,50 @@ class Cluster:
         self.nginx = None
         self.port = 0
 
-    def env(self, port: int = 0) -> dict:
+    def env(self, node: Optional[h.Server] = None) -> dict:
         where = ({"ASPEN_PACK_STORE": str(self.packs)} if self.mode == "shared" else
-                 {"ASPEN_NODE_URL": f"http://127.0.0.1:{port}", "ASPEN_CLUSTER_SECRET": SECRET})
+                 {"ASPEN_NODE_URL": node.url if node is not None else "", "ASPEN_CLUSTER_SECRET": SECRET})
         return {"ASPEN_REFSTORE_URL": self.url, **where, "ASPEN_CLUSTER": "c",
                 "ASPEN_STORE_WAIT": STORE_WAIT, "ASPEN_ACCESS_LOG": "1",
                 "ASPEN_REMOTE_USER_HEADER": "X-Remote-User",
                 "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
 
-    def _server(self, root: Path, port: int = 0, **extra: str) -> h.Server:
-        port = port or (h.free_port() if self.mode == "peers" else 0)
-        return h.Server(root, dict(self.env(port), **extra), port=port, threads=4).start()
+    def _server(self, root: Path, host: "netns.Host", port: int = 0, **extra: str) -> h.Server:
+        """A node on its test host HOST, at PORT (0: a new one); its address is its name among the nodes."""
+        node = h.Server(root, port=port or h.free_port(), threads=4, host=host)
+        node.env = dict(self.env(node), **extra)
+        return node.start()
 
     def add_node(self, root: Path) -> h.Server:
         root.mkdir(parents=True, exist_ok=True)
-        node = self._server(root)
+        node = self._server(root, self.net.host())
         self.nodes.append(node)
         return node
 
     def restart(self, i: int, **extra: str) -> h.Server:
-        self.nodes[i].stop()
-        port = self.nodes[i].port if self.mode == "peers" else 0     # its address is its name
-        self.nodes[i] = self._server(self.nodes[i].root, port, **extra)
+        old = self.nodes[i]
+        old.stop()
+        self.nodes[i] = self._server(old.root, old.host, old.port, **extra)
         return self.nodes[i]
 
     def start_nginx(self, nodes: list[h.Server]) -> None:
-        self.nginx, self.port, _ = cluster_bench.start_nginx([f"127.0.0.1:{n.port}" for n in nodes], USER, PASSWORD)
+        self.nginx, self.port, _ = cluster_bench.start_nginx([f"{n.address}:{n.port}" for n in nodes], USER,
+                                                             PASSWORD)
 
     def front(self, repo: str, auth: bool = False) -> str:
         cred = f"{USER}:{PASSWORD}@" if auth else ""
         return f"http://{cred}127.0.0.1:{self.port}/{repo}"
 
     def stop(self) -> None:
-        if self.nginx is not None and self.nginx.poll() is None:
-            self.nginx.terminate()
-            self.nginx.wait(timeout=15)
-        for n in self.nodes:
-            n.stop()
-        pgserver.remove(self.pg)
+        try:
+            if self.nginx is not None and self.nginx.poll() is None:
+                self.nginx.terminate()
+                self.nginx.wait(timeout=15)
+            for n in self.nodes:
+                n.stop()
+            pgserver.remove(self.pg)
+        finally:
+            self.net.close()
 
 
 @pytest.fixture(scope="module", params=["peers", "shared"])
@@ -149,6 +164,26 @@ def check_clone(url: str, dest: Path, want: dict[str, str]) -> None:
 
 def node_refs(node: h.Server, name: str) -> dict[str, str]:
     return ls_remote(f"{node.url}/{name}")
+
+
+def test_the_nodes_and_postgresql_are_hosts_of_their_own(cluster):
+    """Each node and PostgreSQL run in a network namespace of their own: a
+    node reaches PostgreSQL at its host's address, and nothing at its own
+    loopback (where a node sharing the machine's would have found it)."""
+    c = cluster
+    addresses = [n.address for n in c.nodes] + [c.pg.address]
+    assert len(set(addresses)) == len(addresses) and "127.0.0.1" not in addresses
+    probe = ("import socket, sys\n"
+             "def ok(a):\n"
+             "    try:\n"
+             "        socket.create_connection((a, %d), timeout=5).close(); return True\n"
+             "    except OSError:\n"
+             "        return False\n"
+             "print(ok(sys.argv[1]), ok('127.0.0.1'))\n") % c.pg.port
+    for n in c.nodes:
+        r = subprocess.run(n.host.argv([sys.executable, "-c", probe, c.pg.address]), capture_output=True, text=True,
+                           timeout=30)
+        assert r.stdout.split() == ["True", "False"], (r.stdout, r.stderr)
 
 
 def test_a_push_through_one_node_is_fetched_at_once_through_the_others(cluster, tmp_path):
@@ -216,7 +251,7 @@ def test_concurrent_pushers_on_three_nodes_one_order_every_acknowledged_push_eve
 
 
 def _aspen(c: Cluster, i: int, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **c.env(c.nodes[i].port), GIT_PROJECT_ROOT=str(c.nodes[i].root))
+    env = dict(os.environ, **c.env(c.nodes[i]), GIT_PROJECT_ROOT=str(c.nodes[i].root))
     return subprocess.run([sys.executable, "-m", "aspen_cgi.cli", *args], env=env, capture_output=True, text=True,
                           timeout=300, cwd=str(REPO_DIR))
 
