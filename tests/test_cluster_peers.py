@@ -282,3 +282,30 @@ def test_a_rolling_reload_under_load_fails_no_client_and_loses_no_push(peers_clu
         refs = node_refs(n, "roll.git")
         for ref, tip in acked.items():
             assert refs[ref] == tip, (n.url, ref)
+
+
+def test_a_node_writes_nothing_to_a_log_a_newer_aspen_moved_on(peers_cluster, tmp_path):
+    """A store whose recorded schema is not this Aspen's (a newer node moved
+    it on while this one still runs): a push through a running node that
+    had the store open is refused, and the log gains no version; back at
+    this schema, it lands."""
+    c = peers_cluster
+    work = new_work(c, "sv.git", tmp_path)
+    for n in c.nodes:
+        assert run("ls-remote", f"{n.url}/sv.git").returncode == 0      # every node has it open
+    want = node_refs(c.nodes[0], "sv.git")
+    schema = _schema(c, "sv.git")
+    count = f"SELECT count(*) FROM {schema}.versions"
+    before = c.pg.psql(count, "cluster").strip()
+    c.pg.psql("UPDATE aspen_stores SET schema_version = schema_version + 1 WHERE repo = 'c:sv.git'", "cluster")
+    try:
+        commit(work, "newer schema")
+        r = run("push", f"{c.nodes[1].url}/sv.git", "HEAD:main", cwd=str(work))
+        assert r.returncode != 0, r.stderr
+        assert c.pg.psql(count, "cluster").strip() == before
+        for n in c.nodes:
+            assert node_refs(n, "sv.git") == want
+    finally:
+        c.pg.psql("UPDATE aspen_stores SET schema_version = schema_version - 1 WHERE repo = 'c:sv.git'", "cluster")
+    assert run("push", f"{c.nodes[1].url}/sv.git", "HEAD:main", cwd=str(work)).returncode == 0
+    assert node_refs(c.nodes[2], "sv.git")["refs/heads/main"] == h.out("rev-parse", "HEAD", cwd=str(work))

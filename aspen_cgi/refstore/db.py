@@ -334,6 +334,12 @@ def _pg_create(conn: pgconn.PgConn, repo: str, known: Callable[[], Optional[str]
         raise
 
 
+def pg_store_schema(conn: pgconn.PgConn, repo: str) -> Optional[int]:
+    """The schema version the database's list records for REPO's store (None: no store)."""
+    row = conn.execute("SELECT schema_version FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
+    return None if row is None else row[0]
+
+
 def pg_stores(conn: pgconn.PgConn) -> list[tuple[str, str, int]]:
     """(repository, schema, schema version) of every store in the database."""
     return list(conn.execute("SELECT repo, schema_name, schema_version FROM public.aspen_stores ORDER BY repo"))

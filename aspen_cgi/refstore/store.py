@@ -770,6 +770,9 @@ class RefStore:
 
     def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                         tried: list[tuple[str, int]]) -> "int | str":
+        at = db.pg_store_schema(conn, repo_key(self.gitdir, self.env))
+        if at != db.SCHEMA_VERSION:     # a newer Aspen's node moved it on: write nothing it may not read
+            return f"failed to update ref (the ref log is at schema {at}, this server writes {db.SCHEMA_VERSION})"
         current = db.refs_named(conn, [c.ref for c in changes])
         for c in changes:
             if c.old is None:
