@@ -18,7 +18,8 @@ Their pids are every node's, so server CPU is the nodes' together.
 measures how long a node that is LAG versions behind takes to answer its
 first request (an `ls-remote` through it), for each lag: node B answers
 once (it has its copy), B is stopped, LAG pushes of one commit each go
-through node A, B is started again and asked.
+through node A (a third node takes their packs' second copies), B is
+started again and asked: it fetches the packs it lacks from the others.
 
     python -m bench.cluster pushes [--nodes 1,3] [--packs peers,shared] [--count 50] [--json]
 
@@ -218,13 +219,14 @@ def _git(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True)
 
 
-def catchup(lags: list[int], workdir: Path, progress=None) -> list[dict]:
+def catchup(lags: list[int], workdir: Path, progress=None, packs: str = "peers") -> list[dict]:
     """For each lag: ms for node 1's first answer after LAG pushes through node 0."""
     from . import repogen
     src = workdir / "src"
     src.mkdir(parents=True)
     repogen.generate(repogen.PRESETS["tiny"], src / "bench.git")
-    stack = ClusterStack(workdir / "stack", 2, src, workers=1, threads=4)
+    # three nodes: while node 1 is stopped, node 2 takes each push's second copy (ASPEN_REPLICAS=2)
+    stack = ClusterStack(workdir / "stack", 3, src, workers=1, threads=4, packs=packs)
     out = []
     try:
         url0, url1 = stack.node_url(0) + "/bench.git", stack.node_url(1) + "/bench.git"
@@ -388,6 +390,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    "0, node 1 is started and asked (ls-remote): that answer's wall time.")
     c.add_argument("--lags", default="0,10,100,1000",
                    help="comma-separated lags (default %(default)s; 0: the restarted node's first answer alone)")
+    c.add_argument("--packs", default="peers", choices=("peers", "shared"),
+                   help="packs between the nodes or in a pack store (default %(default)s)")
     c.add_argument("--json", action="store_true", help="one JSON line per lag")
     o = sub.add_parser("outage", help="ls-remote and clones through nginx with PostgreSQL up, then stopped",
                        description="N nodes over one PostgreSQL and pack store behind nginx. ROUNDS of "
@@ -462,7 +466,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-cluster-"))
     try:
         bar = Progress(sum(lags), "catch-up")
-        rows = catchup(lags, workdir, bar.update)
+        rows = catchup(lags, workdir, bar.update, args.packs)
         bar.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -379,6 +379,15 @@ def pg_pack_holders(conn: pgconn.PgConn, store: str, name: str) -> list[str]:
                                        " ORDER BY at DESC", (store, name))]
 
 
+def pg_pack_holders_of(conn: pgconn.PgConn, store: str, names: Sequence[str]) -> dict[str, list[str]]:
+    """pg_pack_holders() of each of NAMES, in one query."""
+    out: dict[str, list[str]] = {}
+    for name, node in conn.execute("SELECT name, node FROM public.aspen_pack_holders WHERE store = ?"
+                                   " AND name = ANY(?) ORDER BY at DESC", (store, list(names))):
+        out.setdefault(name, []).append(node)
+    return out
+
+
 def pg_hold(conn: pgconn.PgConn, store: str, name: str, node: str, at: float) -> None:
     conn.execute("INSERT INTO public.aspen_pack_holders (store, name, node, at) VALUES (?, ?, ?, ?)"
                  " ON CONFLICT (store, name, node) DO UPDATE SET at = excluded.at", (store, name, node, at))

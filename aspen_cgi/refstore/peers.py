@@ -294,13 +294,16 @@ def replicate(s: settings.Settings, schema: str, name: str, path: str, log: Opti
     return held
 
 
-def fetch(s: settings.Settings, schema: str, name: str, directory: str) -> bool:
+def fetch(s: settings.Settings, schema: str, name: str, directory: str,
+          recorded: Optional[list[str]] = None, known: Optional[list[str]] = None) -> bool:
     """Bring the file NAME of SCHEMA into DIRECTORY from a node that has it:
-    the nodes recorded as holding it first, then every other node."""
-    recorded = holders(s, schema, name)
+    the nodes recorded as holding it first (RECORDED, else asked), then every
+    other node (KNOWN, else asked)."""
+    if recorded is None:
+        recorded = holders(s, schema, name)
     if s.node_url in recorded:
         _unhold(s, schema, name, s.node_url)     # this node lost it (its disk was replaced)
-    rest = [n for n in nodes(s) if n not in recorded]
+    rest = [n for n in (nodes(s) if known is None else known) if n not in recorded]
     random.shuffle(rest)
     for node in recorded + rest:
         if node == s.node_url:
@@ -313,6 +316,19 @@ def fetch(s: settings.Settings, schema: str, name: str, directory: str) -> bool:
         if status == 404 and node in recorded:
             _unhold(s, schema, name, node)     # it lost its disk: it is no holder any more
     return False
+
+
+FETCHES_AT_ONCE = 4
+
+
+def fetch_many(s: settings.Settings, schema: str, names: list[str], directory: str) -> None:
+    """fetch() each of NAMES, FETCHES_AT_ONCE at a time, their holders read in one query."""
+    from concurrent.futures import ThreadPoolExecutor  # startup: a catch-up's only
+    conn = _conn(s)
+    recorded = db.retry(lambda: db.pg_pack_holders_of(conn, schema, names))
+    known = nodes(s)
+    with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="aspen-peer-fetch") as pool:
+        list(pool.map(lambda n: fetch(s, schema, n, directory, recorded.get(n, []), known), names))
 
 
 _wanted: set[tuple[str, str]] = set()    # (directory, name) a background fetch of this process is bringing

@@ -193,6 +193,7 @@ def _apply(store: "RefStore", packs: PackStore, sdir: str, token: str,
     todo = [(v, names) for v, vals, names in plan if v <= redo or not all(x in present for x in vals)]
     if todo:
         set_applying(sdir, through)
+        _prefetch(env, packs, [n for _, names in todo for n in names])
     for i, (v, names) in enumerate(todo):
         if not names:
             raise ReplicaError(f"version {v}'s objects are neither here nor in the pack store")
@@ -234,6 +235,23 @@ def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> 
 def _head(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read(12)
+
+
+def _prefetch(env: Mapping[str, str], packs: PackStore, names: Sequence[str]) -> None:
+    """Packs between nodes: bring the packs of NAMES this node lacks from the
+    others, several at once, before they are applied one by one (_index
+    fetches any still missing then)."""
+    s = settings.of(env)
+    if not s.node_url:
+        return
+    missing = [n for n in names if not packs.has(n)]
+    if not missing:
+        return
+    from . import peers  # startup: a cluster's nodes only
+    try:
+        peers.fetch_many(s, os.path.basename(packs.directory), missing, packs.directory)
+    except (OSError, db.Error, db.Busy):
+        pass
 
 
 def _fetched(env: Mapping[str, str], packs: PackStore, name: str) -> bool:
