@@ -335,10 +335,11 @@ def outage(workdir: Path, nodes: int, preset: str, rounds: int, progress=None, p
     return out
 
 
-def pushes(workdir: Path, n: int, packs: str, count: int, size: int, progress=None) -> dict:
+def pushes(workdir: Path, n: int, packs: str, count: int, size: int, progress=None, down: int = 0) -> dict:
     """COUNT pushes of one commit (a new file of SIZE random bytes) through
-    node 0; after each, an ls-remote through node 1 must show it. Push and
-    visibility wall times, and the pack bytes the nodes keep per push."""
+    node 0, with the last DOWN nodes stopped; after each, an ls-remote
+    through node 1 must show it. Push and visibility wall times, and the
+    pack bytes the nodes keep per push."""
     from . import repogen
     from .stats import percentile
     src = workdir / "src"
@@ -356,6 +357,8 @@ def pushes(workdir: Path, n: int, packs: str, count: int, size: int, progress=No
             roots = [stack.packs] if packs == "shared" else [r / ".aspen-packs" for _, _, _, r in stack.nodes]
             return sum(f.stat().st_size for r in roots if r.exists() for f in r.rglob("*.pack")
                        if not f.name.startswith(("pack-", "tmp-")))
+        for i in range(n - down, n):
+            stack.stop_node(i)
         before = kept()
         for k in range(count):
             (work / f"p{k}.bin").write_bytes(os.urandom(size))
@@ -375,7 +378,7 @@ def pushes(workdir: Path, n: int, packs: str, count: int, size: int, progress=No
 
     def dist(xs: list[float]) -> dict:
         return {"p50": round(percentile(xs, 50), 1), "p99": round(percentile(xs, 99), 1), "max": round(max(xs), 1)}
-    return {"nodes": n, "packs": packs, "pushes": count, "size": size, "push_ms": dist(push_ms),
+    return {"nodes": n, "down": down, "packs": packs, "pushes": count, "size": size, "push_ms": dist(push_ms),
             "visible_ms": dist(visible_ms), "not_visible": stale, "kept_bytes_per_push": round(per_push)}
 
 
@@ -412,6 +415,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     q.add_argument("--packs", default="peers,shared", help="comma-separated: peers, shared (default %(default)s)")
     q.add_argument("--count", type=int, default=50, help="pushes per stack (default %(default)s)")
     q.add_argument("--size", type=int, default=65536, help="random bytes per push (default %(default)s)")
+    q.add_argument("--down", type=int, default=0, help="nodes stopped before the pushes (the last ones; "
+                                                         "default %(default)s)")
     q.add_argument("--json", action="store_true", help="one JSON line per stack")
     args = p.parse_args(argv)
     from .progress import Progress
@@ -422,7 +427,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 workdir = Path(tempfile.mkdtemp(prefix="aspen-bench-pushes-"))
                 try:
                     bar = Progress(args.count, f"{n} nodes, {mode}")
-                    rows.append(pushes(workdir, n, mode, args.count, args.size, bar.update))
+                    rows.append(pushes(workdir, n, mode, args.count, args.size, bar.update,
+                                       min(args.down, max(0, n - 2))))
                     bar.close()
                 finally:
                     shutil.rmtree(workdir, ignore_errors=True)
