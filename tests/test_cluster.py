@@ -41,6 +41,25 @@ STORE_WAIT = "3"
 SECRET = "a-cluster-secret-of-the-tests"
 
 
+class Alone(netns.Host):
+    """A node's test host that also sees, of the cluster's directory BASE, only
+    SEEN (its root, its run directory, and in "shared" mode the pack store):
+    its own mount namespace, a tmpfs over BASE with those bound back in."""
+
+    def __init__(self, host: netns.Host, base: Path, seen: list[Path]):
+        super().__init__(host.name, host.address)
+        self.base, self.seen = base, seen
+
+    def argv(self, argv: list[str]) -> list[str]:
+        binds = " ".join(f"{p.name}" for p in self.seen)
+        script = ('set -e; t=$(mktemp -d); for d in ' + binds + '; do mkdir "$t/$d"; '
+                  'mount --bind "$BASE/$d" "$t/$d"; done; mount -t tmpfs tmpfs "$BASE"; '
+                  'for d in ' + binds + '; do mkdir "$BASE/$d"; mount --bind "$t/$d" "$BASE/$d"; '
+                  'umount "$t/$d"; rmdir "$t/$d"; done; rmdir "$t"; exec "$@"')
+        return super().argv(["unshare", "--mount", "--propagation", "private", "env", f"BASE={self.base}",
+                             "sh", "-c", script, "sh", *argv])
+
+
 class Cluster:
     """MODE "peers": each node keeps its packs on its own disk and they pass
     between nodes (ASPEN_NODE_URL); "shared": one pack store directory."""
@@ -73,12 +92,17 @@ class Cluster:
     def _server(self, root: Path, host: "netns.Host", port: int = 0, **extra: str) -> h.Server:
         """A node on its test host HOST, at PORT (0: a new one); its address is its name among the nodes."""
         node = h.Server(root, port=port or h.free_port(), threads=4, host=host)
-        node.env = dict(self.env(node), **extra)
+        node.env = dict(self.env(node), ASPEN_RUN_DIR=str(self.run_dir(root)), **extra)
         return node.start()
+
+    def run_dir(self, root: Path) -> Path:
+        return root.parent / f"run-{root.name}"
 
     def add_node(self, root: Path) -> h.Server:
         root.mkdir(parents=True, exist_ok=True)
-        node = self._server(root, self.net.host())
+        self.run_dir(root).mkdir(exist_ok=True)
+        seen = [root, self.run_dir(root)] + ([self.packs] if self.mode == "shared" else [])
+        node = self._server(root, Alone(self.net.host(), self.base, seen))
         self.nodes.append(node)
         return node
 
@@ -169,7 +193,8 @@ def node_refs(node: h.Server, name: str) -> dict[str, str]:
 def test_the_nodes_and_postgresql_are_hosts_of_their_own(cluster):
     """Each node and PostgreSQL run in a network namespace of their own: a
     node reaches PostgreSQL at its host's address, and nothing at its own
-    loopback (where a node sharing the machine's would have found it)."""
+    loopback (where a node sharing the machine's would have found it); and
+    each node sees no other node's files."""
     c = cluster
     addresses = [n.address for n in c.nodes] + [c.pg.address]
     assert len(set(addresses)) == len(addresses) and "127.0.0.1" not in addresses
@@ -184,6 +209,14 @@ def test_the_nodes_and_postgresql_are_hosts_of_their_own(cluster):
         r = subprocess.run(n.host.argv([sys.executable, "-c", probe, c.pg.address]), capture_output=True, text=True,
                            timeout=30)
         assert r.stdout.split() == ["True", "False"], (r.stdout, r.stderr)
+        # and of the cluster's files it sees its own root and run directory (and the shared pack store) only
+        seen = subprocess.run(["nsenter", "-t", str(n.proc.pid), "-m", "ls", "-A", str(c.base)],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        assert sorted(seen) == sorted([n.root.name, c.run_dir(n.root).name] +
+                                      (["packstore"] if c.mode == "shared" else [])), seen
+        others = [str(m.root) for m in c.nodes if m is not n]
+        r = subprocess.run(["nsenter", "-t", str(n.proc.pid), "-m", "ls", *others], capture_output=True, timeout=30)
+        assert r.returncode != 0
 
 
 def test_a_push_through_one_node_is_fetched_at_once_through_the_others(cluster, tmp_path):
