@@ -434,24 +434,55 @@ def test_git_killed_during_push(root, server_factory, tmp_path, intake):
     assert server_errors(srv) == []
 
 
+HOLD_WIDE_BUILD = """#!/bin/sh
+# ASPEN_GIT for one test: the first wide pack-objects (a version-pack build's
+# --window=250; armed by $HOLD_DIR/arm) writes its pid and is held, before it
+# becomes git, on a FIFO nothing writes: the test kills it there.
+case " $* " in
+*" pack-objects "*"--window=250 "*)
+    if rm "$HOLD_DIR/arm" 2>/dev/null; then
+        echo $$ >"$HOLD_DIR/pid.tmp" && mv "$HOLD_DIR/pid.tmp" "$HOLD_DIR/pid"
+        read _ <"$HOLD_DIR/fifo"
+    fi;;
+esac
+exec git "$@"
+"""
+
+
+def _held_pid(hold: Path) -> int:
+    try:
+        return int((hold / "pid").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def test_background_version_pack_build_killed(root, server_factory, tmp_path):
     """kill -9 of the background builder's wide git pack-objects (ASPEN_VERSION_PACKS=auto;
-    here the import's pack built again wide, the pushes' packs being adopted):
-    the build fails, says so and lets go of its locks, the quick pack staying; the
-    next push starts another builder and every version has its pack; fetches stay
-    correct throughout and verify is clean."""
+    here the import's pack built again wide, the pushes' packs being adopted), held
+    by an ASPEN_GIT wrapper until it is killed: the build fails, says so and lets go
+    of its locks, the quick pack staying; the next push starts another builder and
+    every version has its pack; fetches stay correct throughout and verify is clean."""
     from aspen_cgi.refstore.store import RefStore
     repo = pk.enable_push(root / "repo.git")
     _with_big_blob(repo, tmp_path, 4 << 20)
-    srv = server_factory(root, ASPEN_VERSION_PACKS="auto", ASPEN_BUILD_WAIT_MS="0")
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    os.mkfifo(hold / "fifo")
+    (hold / "arm").write_text("armed\n")
+    wrapper = tmp_path / "git-hold-wide"
+    wrapper.write_text(HOLD_WIDE_BUILD)
+    wrapper.chmod(0o755)
+    srv = server_factory(root, ASPEN_VERSION_PACKS="auto", ASPEN_BUILD_WAIT_MS="0", ASPEN_GIT=str(wrapper),
+                         HOLD_DIR=str(hold))
     url = f"{srv.url}/repo.git"
     work = local_work(repo, url, tmp_path / "work")
     pk.commit(work, "first")
     pk.push(work, "origin", "HEAD:refs/heads/main")
-    builder = F.wait_for(lambda: F.git_children(srv.proc.pid, ["pack-objects"],
-                                                lambda p: "--window=250" in p.argv), 30)
-    assert builder, "no version pack build ran"
-    assert F.kill9(builder[0].pid)
+    pid = F.wait_for(lambda: _held_pid(hold), 60, 0.05)      # the builder waits for a quiet repository first
+    assert pid, "no version pack build ran"
+    held = [p for p in F.descendants(srv.proc.pid) if p.pid == pid]
+    assert held and "pack-objects" in held[0].argv and "--window=250" in held[0].argv, held
+    assert F.kill9(pid)
     c = h.git("clone", "-q", url, str(tmp_path / "during"), check=False)
     assert c.returncode == 0, c.stderr.decode()
     h.fsck_strict(str(tmp_path / "during"))
