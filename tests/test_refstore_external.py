@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
+from aspen_cgi.refstore import fingerprint
 from aspen_cgi.refstore.store import RefStore, state_dir
 
 from . import differential as d
@@ -309,28 +310,44 @@ def _coarse(repo: Path, t_ns: int) -> None:
             os.utime(repo / name, ns=(t_ns, t_ns))
 
 
+def _coarse_now(repo: Path) -> None:
+    """_coarse() with the whole second of now, read after the change just
+    made: what a file system with one-second timestamps shows for it, never an
+    earlier second (a state such a file system can show however slow the
+    machine is)."""
+    _coarse(repo, time.time_ns() // 10**9 * 10**9)
+
+
 @pytest.mark.parametrize("second", ["update-existing", "new-subdirectory"])
 def test_change_within_the_same_coarse_timestamp_is_noticed(tmp_path, second):
     """What a file system with one-second timestamps (ext3, ext4 with small inodes,
     HFS+, many NFS servers) shows: change 1 at s.1, Aspen's request at s.5,
-    change 2 at s.7 -- every mtime still reads s.0. Simulated with utime; the
-    store is used in process so that one process (one fingerprint cache) sees
-    both requests. A fingerprint whose timestamps are all whole seconds is
-    trusted only two seconds after the newest of them."""
+    change 2 at s.7 -- every mtime still reads s.0. Simulated with utime, each
+    change stamped with the second it was made in (on a machine too slow for
+    one second, change 2 reads a later one, as it would there); the store is
+    used in process so that one process (one fingerprint cache) sees both
+    requests. Served refs equal the disk's either way. A fingerprint whose
+    timestamps are all whole seconds is trusted only two seconds after the
+    newest of them: the request's fingerprint, judged 1.5 s after its newest
+    timestamp, is not trusted, where one of fine timestamps would be."""
     repo = pk.enable_push(h.make_history(tmp_path / "repo.git"))
     store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
     store.sync()
-    s = time.time_ns() // 10**9 * 10**9
+    time.sleep(1 - time.time() % 1)              # at the start of a second: all of it in that second, unless stalled
     h.git("update-ref", "refs/heads/x", "topic", cwd=str(repo))
-    _coarse(repo, s)
+    _coarse_now(repo)
     time.sleep(0.4)
     store.sync()
     assert "refs/heads/x" in store.snapshot().by_name()
+    seen = fingerprint.take(str(repo))           # what that request's fingerprint saw
+    assert seen.coarse, seen
+    later = replace(seen, taken_ns=seen.newest_ns + 1_500_000_000)
+    assert not later.trusted and replace(later, coarse=False).trusted
     if second == "update-existing":
         h.git("update-ref", "refs/heads/x", "main", cwd=str(repo))
     else:
         h.git("update-ref", "refs/heads/a/b/c", "main", cwd=str(repo))
-    _coarse(repo, s)
+    _coarse_now(repo)
     store.sync()
     served = {r.name: r.oid for r in store.snapshot().refs}
     assert served == h.refs_of(str(repo))
