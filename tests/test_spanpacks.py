@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from aspen_cgi.packs import spanpack
+from aspen_cgi.packs.splice import Extent, plan_splice
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -39,13 +40,33 @@ def _settled(repo: Path) -> RefStore:
     raise AssertionError("version packs not built")
 
 
+def _sizes(store: RefStore, versions: list[int], held: str, scratch: Path) -> tuple[str, int, int]:
+    """(the plan's span key, its splice's bytes, its span pack's bytes) for a
+    client holding HELD that needs VERSIONS: the splice of their version
+    packs, and the span pack built again into SCRATCH as a request builds it."""
+    names = [store.version_pack(v)[0][0] for v in versions]
+    spliced = plan_splice(Extent(os.path.join(store.packs_dir, f"pack-{n}.pack"), thin=True) for n in names)
+    scratch.mkdir()
+    values = [x for v in versions for x in store.version_values(v)]
+    span = spanpack.make(store.gitdir, dict(os.environ), str(scratch), values, [held], 1 << 40)
+    assert span is not None
+    return spanpack.key(names), spliced.size, span.size
+
+
 def test_a_plan_of_small_extents_takes_the_smaller_of_splice_and_span(root, server_factory, tmp_path):
+    """The first client behind by three pushes gets the smaller of the splice and
+    the span pack (their bytes compared here), the choice is recorded under the
+    plan's key, and the second gets it again without a new pack. No segment
+    pack is built meanwhile (ASPEN_COMPACT_QUIET_MS): the plan is the three
+    version packs."""
     repo = pk.enable_push(root / "repo.git")
-    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off")     # the twin asks again
+    server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_CACHE="off",      # the twin asks again
+                            ASPEN_COMPACT_QUIET_MS="600000")
     work = tmp_path / "work"
     h.git("clone", "-q", server.url + "/repo.git", str(work))
     behind = tmp_path / "behind"
     h.git("clone", "-q", "--mirror", server.url + "/repo.git", str(behind))
+    held = h.refs_of(str(behind))["refs/heads/main"]
     twin = tmp_path / "twin"
     shutil.copytree(behind, twin)
     text = "".join(f"line {j} of a file that grows\n" for j in range(400))
@@ -64,6 +85,17 @@ def test_a_plan_of_small_extents_takes_the_smaller_of_splice_and_span(root, serv
     assert h.refs_of(str(behind)) == h.refs_of(str(repo))
     made = {n for n in os.listdir(store.packs_dir) if n.endswith(".pack")} - packs_before
     assert len(made) == (1 if chosen.group(1) == "built" else 0)
+    key, splice_bytes, span_bytes = _sizes(store, list(range(store.latest() - 2, store.latest() + 1)), held,
+                                           tmp_path / "span")
+    print(f"SPAN splice {splice_bytes} bytes, span {span_bytes} bytes: {chosen.group(1)}")
+    if chosen.group(1) == "built":
+        kept = os.path.join(store.packs_dir, next(iter(made)))
+        assert os.path.getsize(kept) == span_bytes, "the kept span pack is not the one its plan makes"
+        assert spanpack.recorded(store.packs_dir, key) == os.path.basename(kept)[len("pack-"):-len(".pack")]
+        assert span_bytes < splice_bytes, f"the span pack ({span_bytes} bytes) sent over a smaller splice"
+    else:
+        assert spanpack.recorded(store.packs_dir, key) == spanpack.SPLICE
+        assert splice_bytes <= span_bytes, f"the splice ({splice_bytes} bytes) sent over a smaller span pack"
     h.git("-c", "protocol.version=2", "fetch", "-q", "origin", cwd=str(twin))
     second = _spans(server)[-1]
     assert f"span={'kept' if chosen.group(1) == 'built' else 'spliced'}" in second, second
