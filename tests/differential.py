@@ -12,6 +12,7 @@ masked; see progress_kinds()).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import os
@@ -20,6 +21,7 @@ import shutil
 import time
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -418,23 +420,39 @@ def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Option
     return check_trio(s, a, w, mode=mode, stderr=stderr, status=status, repo=repo, request=body)
 
 
+BACKGROUND_THREADS = ("aspen-packs", "aspen-prewarm", "aspen-depth1-wide")   # the WSGI application's, in this process
+
+
+def _background_work(path: Path) -> list:
+    """Aspen's background work that may still write under PATH: detached
+    builders and pre-warmers there (aspen-cgi's), and this process's
+    background threads (the WSGI application's, which name no repository)."""
+    return h.working_on(path) + [t.name for t in threading.enumerate() if t.name in BACKGROUND_THREADS]
+
+
 def _remove_after_background_work(path: Path, timeout: float = 60.0) -> None:
-    """rm -rf PATH; while a pack builder the last push started there is still
-    writing, rm -rf can race it: a directory not empty yet, or a file the
-    builder removed itself first (FileNotFoundError half-way, with most of
-    PATH still there): try again until PATH is gone. (The race is Aspen's
-    known limit: tests/test_background_builds.py.)"""
+    """rm -rf PATH once, as stock's tests delete a root they served. A pack
+    builder or pre-warmer the last requests started may still run there: rm
+    can meet a file one made between its listing of a directory and its
+    rmdir (ENOTEMPTY, tests/test_background_builds.py). Then, once that work
+    has noticed and ended, nothing of PATH's repositories may be left, as
+    nothing of them is after stock; the directories rm could not remove
+    above them are left empty, and are removed."""
+    repos = h.git_dirs(path)
+    errors = h.rm_rf(path)
+    assert all(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors), errors
+    if not errors:
+        return
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            shutil.rmtree(path)
-            return
-        except OSError:
-            if not os.path.lexists(path):
-                return
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    while _background_work(path):
+        assert time.monotonic() < deadline, f"background work under {path} still runs: {_background_work(path)}"
+        time.sleep(0.05)
+    left = [str(g) for g in repos if os.path.lexists(g)]
+    assert left == [], f"left after rm -rf {path} (which met {errors}) once the builders ended: {left}"
+    files = sorted(str(p) for p in path.rglob("*") if not p.is_dir())
+    assert files == [], f"left after rm -rf {path} (which met {errors}) once the builders ended: {files}"
+    for dirpath, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
+        os.rmdir(dirpath)
 
 
 def triplicate(root: Path) -> tuple[Path, Path, Path]:

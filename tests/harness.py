@@ -348,6 +348,41 @@ def processes() -> list[tuple[int, int, bytes]]:
     return found
 
 
+def rm_rf(path) -> list[OSError]:
+    """shutil.rmtree as `rm -rf`: what is already gone is no error (-f); the
+    other errors (ENOTEMPTY: something made a file meanwhile) are returned."""
+    errors: list[OSError] = []
+
+    def onerror(func, p, exc_info):
+        e = exc_info[1]
+        if isinstance(e, FileNotFoundError):
+            return
+        errors.append(e)
+    shutil.rmtree(path, onerror=onerror)
+    return errors
+
+
+def working_on(path) -> list[int]:
+    """Processes but this one working in PATH, or naming it on their command
+    line or in their environment: Aspen's detached builders, pre-warmers
+    (ASPEN_PREWARM_GITDIR) and wide depth-1 builds (ASPEN_DEPTH1_GITDIR), and
+    their git children."""
+    p = str(path).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+            cwd = os.readlink(f"/proc/{pid}/cwd").encode()
+            named = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            named += [v.partition(b"=")[2] for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+        except OSError:
+            continue        # gone meanwhile
+        if int(pid) != os.getpid() and stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X") \
+                and (cwd.startswith(p) or any(p in a for a in named)):
+            found.append(int(pid))
+    return found
+
+
 def refs_of(repo: str) -> dict[str, str]:
     text = out("for-each-ref", "--format=%(objectname) %(refname)", cwd=repo)
     return dict(reversed(line.split(" ", 1)) for line in text.splitlines() if line)

@@ -2,8 +2,8 @@
 
 - a builder (the detached `aspen import --background` CGI starts, or a
   server's thread) whose repository is deleted mid-build stops, kills its git
-  child and leaves nothing of the repository on disk; `rm -rf` right after a
-  push or fetch through aspen-cgi succeeds at the first try;
+  child and leaves nothing of the repository on disk, with no second
+  `rm -rf`, also right after a push or fetch through aspen-cgi;
 - builds run git at niceness 10 with one pack-objects thread, and at most
   ASPEN_BUILDS_PER_SERVER of them at once on the machine (seen in /proc);
 - `aspen import REPO` waits for a running builder, then builds what it left;
@@ -185,28 +185,19 @@ def mentions(path: Path) -> list[Proc]:
 
 # -- deleting, as rm -rf does --------------------------------------------------------------------------
 
-def rm_rf(path: Path) -> list[OSError]:
-    """shutil.rmtree as `rm -rf`: what is already gone is no error (-f); the
-    other errors (ENOTEMPTY: something made a file meanwhile) are returned."""
-    errors: list[OSError] = []
-
-    def onerror(func, p, exc_info):
-        e = exc_info[1]
-        if isinstance(e, FileNotFoundError):
-            return
-        errors.append(e)
-    shutil.rmtree(path, onerror=onerror)
+def rm_rf_once(path: Path) -> list[OSError]:
+    """rm -rf PATH once, as a person or a test script does while work for it
+    runs; only ENOTEMPTY may be met (a file made between rm's listing of a
+    directory and its rmdir), what the work removes once it notices."""
+    errors = h.rm_rf(path)
+    assert all(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors), errors
     return errors
 
 
-def rm_rf_retrying(path: Path, tries: int = 50) -> int:
-    """rm -rf until PATH is gone (a builder may still be writing); the number of tries."""
-    for n in range(1, tries + 1):
-        rm_rf(path)
-        if not os.path.lexists(path):
-            return n
-        time.sleep(0.05)
-    raise AssertionError(f"{path} could not be deleted: {sorted(os.listdir(path))}")
+def assert_nothing_left(path: Path, errors: list[OSError]) -> None:
+    """Once the work that raced rm -rf PATH has ended: nothing of PATH, with no second rm."""
+    left = sorted(str(p) for p in Path(path).rglob("*")) if os.path.lexists(path) else []
+    assert not os.path.lexists(path), f"{path} is left after rm -rf (which met {errors}): {left}"
 
 
 def assert_stays_gone(path: Path, seconds: float = 1.5) -> None:
@@ -234,8 +225,9 @@ def test_a_detached_builder_stops_and_leaves_nothing_when_its_repository_is_dele
     assert gits[0].ppid == builder and gits[0].nice == 10 and not any(a.startswith("--threads") for a in gits[0].argv)
     time.sleep(0.3)                                   # well into the delta search
     assert alive(builder) and alive(gits[0].pid)
-    rm_rf_retrying(repo)
+    errors = rm_rf_once(repo)
     assert wait_for(lambda: not alive(builder) and not alive(gits[0].pid), 15), "the builder outlived its repository"
+    assert_nothing_left(repo, errors)
     assert_stays_gone(repo)
     assert not mentions(repo), mentions(repo)
     assert os.listdir(root) == []
@@ -262,10 +254,11 @@ def test_a_server_thread_builder_stops_and_leaves_nothing_when_its_repository_is
     assert git.nice == max(10, own), git
     assert not any(a.startswith("--threads") for a in git.argv), git
     time.sleep(0.3)
-    rm_rf_retrying(repo)
+    errors = rm_rf_once(repo)
     builder[0].join(15)
     assert not builder[0].is_alive(), "the builder thread outlived its repository"
     assert not alive(git.pid)
+    assert_nothing_left(repo, errors)
     assert_stays_gone(repo)
     assert not mentions(repo), mentions(repo)
     assert os.listdir(root) == []
@@ -274,11 +267,11 @@ def test_a_server_thread_builder_stops_and_leaves_nothing_when_its_repository_is
 def test_rm_rf_right_after_a_cgi_push_or_fetch_leaves_nothing(tmp_path, cgi_server_factory):
     """As git's t5702 does: a repository is deleted as soon as the client is
     done with it, while the builder and pre-warmer the push (or the fetch)
-    started are at work. Nothing of it is left once they end, and nothing
-    re-creates it. Not yet held: that the first rm -rf always succeeds. One
-    landing 50-150 ms after a push, while the detached builder starts, can
-    meet a file made between its unlink and rmdir (ENOTEMPTY, about 1 in 10);
-    how often is printed, and the second rm -rf then succeeds."""
+    started are at work. Nothing of it is left once they end, with no second
+    rm -rf, and nothing re-creates it. The rm -rf itself can meet a file one
+    of them made between its listing of a directory and its rmdir
+    (ENOTEMPTY), the one race a deletion has with them: how often is printed;
+    what they made is theirs to remove once they notice."""
     root = tmp_path / "root"
     root.mkdir()
     server = cgi_server_factory(root, program="aspen", ASPEN_RUN_DIR=str(tmp_path / "run"))
@@ -294,14 +287,12 @@ def test_rm_rf_right_after_a_cgi_push_or_fetch_leaves_nothing(tmp_path, cgi_serv
             else:
                 repo = h.make_history(root / f"fetch{i}.git", commits=6)   # never served: the fetch starts its build
                 h.git("clone", "-q", "--bare", f"{server.url}/fetch{i}.git", str(tmp_path / f"clone{i}.git"))
-            errors = rm_rf(repo)                               # at once, as the test scripts do
-            assert all(getattr(e, "errno", None) == errno.ENOTEMPTY for e in errors), errors
+            errors = rm_rf_once(repo)                          # at once, as the test scripts do
             first_try_failures += bool(errors)
             assert wait_for(lambda: not mentions(repo), 20), mentions(repo)
-            if errors:
-                assert rm_rf(repo) == [], f"rm -rf {repo} a second time, after the builder ended"
+            assert_nothing_left(repo, errors)
             assert_stays_gone(repo, 0.5)
-    print(f"BACKGROUND rm -rf right after a CGI push or fetch: {first_try_failures} of 8 needed a second try")
+    print(f"BACKGROUND rm -rf right after a CGI push or fetch: {first_try_failures} of 8 met ENOTEMPTY")
     assert sorted(os.listdir(root)) == []
 
 
