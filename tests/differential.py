@@ -317,6 +317,24 @@ def demux(body: bytes) -> dict[int, bytes]:
     return bands
 
 
+# --- a planned answer's bytes ---------------------------------------------------------
+
+PLANNED_BOUND = 1.02        # the product's promise: a planned answer's pack at most 2 % over stock's, per fetch
+PLANNED = re.compile(rb"^aspen: .* plan=planned\b", re.M)
+
+
+def planned(r: h.CgiResult) -> bool:
+    """Whether Aspen answered R from stored packs: its access line (ASPEN_ACCESS_LOG=1) says plan=planned."""
+    return PLANNED.search(r.stderr) is not None
+
+
+def check_planned_bytes(stock_pack: bytes, aspen_pack: bytes, who: str) -> None:
+    """The product's promise for a fetch answered from stored packs: its pack
+    has at most PLANNED_BOUND times the bytes of stock's pack for the same request."""
+    assert len(aspen_pack) <= PLANNED_BOUND * len(stock_pack), \
+        f"{who}'s planned pack has {len(aspen_pack)} bytes, over {PLANNED_BOUND}x stock's {len(stock_pack)}"
+
+
 # --- the three-way comparison ----------------------------------------------------
 
 @dataclass
@@ -357,7 +375,8 @@ def _band_sizes_ok(body: bytes, request: Optional[bytes], who: str) -> None:
 
 
 def _compare_bodies(mode: str, s: bytes, a: bytes, repo: Optional[str], who: str,
-                    request: Optional[bytes] = None) -> None:
+                    request: Optional[bytes] = None, planned_answer: bool = False) -> None:
+    """PLANNED_ANSWER: A was answered from stored packs, its pack bounded by stock's (mode `pack`)."""
     if mode == "exact":
         assert a == s, f"{who} body differs from stock:\n stock={s[:400]!r}\n aspen={a[:400]!r}"
     elif mode == "advert":
@@ -369,6 +388,8 @@ def _compare_bodies(mode: str, s: bytes, a: bytes, repo: Optional[str], who: str
         ps, pa = parse_upload_response(s, repo), parse_upload_response(a, repo)
         assert pa.control == ps.control, f"{who} control lines differ: {ps.control!r} vs {pa.control!r}"
         assert pa.objects == ps.objects, f"{who} object sets differ: {len(ps.objects)} vs {len(pa.objects)}"
+        if planned_answer:
+            check_planned_bytes(ps.pack, pa.pack, who)
         assert pa.error == ps.error, f"{who} band 3 differs: {ps.error!r} vs {pa.error!r}"
         compare_progress(ps.progress, pa.progress, request, who, (ps.pack, pa.pack))
         _band_sizes_ok(a, request, who)
@@ -393,12 +414,12 @@ def check_trio(s: h.CgiResult, a: h.CgiResult, w: Optional[h.CgiResult], *, mode
     assert a.status == s.status, f"aspen-cgi {a.status} vs stock {s.status}; aspen stderr {a.stderr!r}"
     assert norm_headers(a.headers) == norm_headers(s.headers), \
         f"aspen-cgi headers differ:\n stock={s.headers}\n aspen={a.headers}"
-    _compare_bodies(mode, s.body, a.body, repo, "aspen-cgi", request)
+    _compare_bodies(mode, s.body, a.body, repo, "aspen-cgi", request, planned(a))
     if w is not None:
         assert w.status == s.status, f"wsgi {w.status} vs stock {s.status}; wsgi errors {w.stderr!r}"
         assert sorted(norm_headers(w.headers, False)) == sorted(norm_headers(s.headers, False)), \
             f"wsgi headers differ:\n stock={s.headers}\n wsgi={w.headers}"
-        _compare_bodies(mode, s.body, w.body, repo, "wsgi", request)
+        _compare_bodies(mode, s.body, w.body, repo, "wsgi", request, planned(w))
     if stderr is not None:
         assert stderr.encode() in s.stderr, f"stock stderr {s.stderr!r} lacks {stderr!r}"
         for r, who in ((a, "aspen-cgi"), (w, "wsgi")):
@@ -413,10 +434,13 @@ def check_trio(s: h.CgiResult, a: h.CgiResult, w: Optional[h.CgiResult], *, mode
 def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Optional[str] = None,
             status: Optional[int] = None, with_wsgi: bool = True, repo: Optional[str] = None,
             timeout: float = 60) -> Trio:
-    """Send the same request to stock, aspen-cgi and the WSGI app; assert they agree."""
+    """Send the same request to stock, aspen-cgi and the WSGI app; assert they
+    agree. Mode `pack`: Aspen's access line on, so that a planned answer is
+    known and bounded (PLANNED_BOUND)."""
     s = h.stock(env, body, timeout=timeout)
-    a = h.aspen(env, body, timeout=timeout)
-    w = h.wsgi(env, body) if with_wsgi else None
+    ours = dict(env, ASPEN_ACCESS_LOG="1") if mode == "pack" else env
+    a = h.aspen(ours, body, timeout=timeout)
+    w = h.wsgi(ours, body) if with_wsgi else None
     return check_trio(s, a, w, mode=mode, stderr=stderr, status=status, repo=repo, request=body)
 
 

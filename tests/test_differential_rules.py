@@ -163,3 +163,32 @@ def test_sideband_mode_compares_band_1_band_3_framing_and_progress():
     with pytest.raises(AssertionError, match="quiet"):
         compare(answer("Resolving deltas: 100% (1/1), done.\n"), answer("Resolving deltas: 100% (1/1), done.\n"),
                 quiet, "sideband")
+
+
+def test_a_planned_pack_over_1_02x_stocks_bytes_fails(tmp_path):
+    """A planned answer's pack has at most 1.02x the bytes of stock's (the same
+    objects, deltified or compressed differently); git's answer is not bounded
+    (its bytes vary run to run). Planned is what Aspen's access line says."""
+    import time
+    from aspen_cgi.http.accesslog import line
+    from .harness import CgiResult
+    work = tmp_path / "r"
+    git("init", "-q", "-b", "main", str(work))
+    (work / "f.txt").write_text("".join(f"line {i} of a compressible file\n" for i in range(2000)))
+    git("add", "f.txt", cwd=str(work))
+    git("commit", "-q", "-m", "one", cwd=str(work))
+    small, large = (git("-c", f"pack.compression={level}", "pack-objects", "--stdout", "--revs", "-q", cwd=str(work),
+                        input=b"HEAD\n").stdout for level in (9, 0))
+    assert len(large) > 1.02 * len(small)
+    req = request("side-band-64k", "no-progress")
+    stock, aspen = v0_answer(small), v0_answer(large)
+    compare(stock, aspen, req)
+    with pytest.raises(AssertionError, match="planned pack"):
+        d._compare_bodies("pack", stock, aspen, None, "aspen-cgi", req, planned_answer=True)
+    d._compare_bodies("pack", aspen, stock, None, "aspen-cgi", req, planned_answer=True)
+
+    def logged(**trace) -> CgiResult:
+        return CgiResult(200, [], b"", line("POST", "/repo.git/git-upload-pack", 200, 1, time.monotonic(),
+                                            trace).encode())
+    assert d.planned(logged(plan="planned", why="done"))
+    assert not d.planned(logged(plan="fallback", why="not-built")) and not d.planned(CgiResult(200, [], b"", b""))

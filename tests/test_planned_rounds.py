@@ -175,6 +175,8 @@ def test_rounds_with_unknown_haves_or_not_proved_go_to_git(shape, version, branc
         assert _not_proved(line), line
     ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
     assert (ra.control, ra.objects, ra.error) == (rs.control, rs.objects, rs.error)
+    if shape == "done":
+        d.check_planned_bytes(rs.pack, ra.pack, "aspen")
 
 
 @pytest.mark.parametrize("version", [0, 2])
@@ -197,6 +199,7 @@ def test_a_done_round_whose_proof_needs_held_versions_is_checked_against_git(ver
     ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
     assert ra.control == rs.control and not ra.error
     assert ra.objects == rs.objects
+    d.check_planned_bytes(rs.pack, ra.pack, "aspen")
     client = tmp_path / "client.git"
     shutil.copytree(branchy.client / ".git", client)
     h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=ra.pack)
@@ -230,6 +233,8 @@ def _answer_like_stock(branchy, body: bytes, version: int, plan: str):
     ra, rs = (d.parse_upload_response(r.body, str(branchy.repo)) for r in (a, s))
     assert a.status == s.status == 200 and not ra.error
     assert ra.objects == rs.objects
+    if d.planned(a):
+        d.check_planned_bytes(rs.pack, ra.pack, "aspen")
     return ra
 
 

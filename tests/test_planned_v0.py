@@ -236,6 +236,7 @@ def test_v0_pack_framing_like_stock(mode, warm, fleet, tmp_path):
     d.compare_progress(s_progress, a_progress, body, "aspen", (s_pack, a_pack))
     repo = str(client) if client else None
     assert d.pack_objects(a_pack, repo) == d.pack_objects(s_pack, repo)
+    d.check_planned_bytes(s_pack, a_pack, "aspen")
 
 
 def test_v0_no_progress_is_honoured(fleet):
@@ -261,6 +262,7 @@ def test_v0_round_with_no_done_is_one_response_like_stock(fleet, tmp_path):
     assert a_lines == s_lines == [f"ACK {x} common\n".encode() for x in haves] + \
         [f"ACK {last} ready\n".encode(), b"NAK\n", f"ACK {last}\n".encode()]
     assert d.pack_objects(a_pack, str(client)) == d.pack_objects(s_pack, str(client))
+    d.check_planned_bytes(s_pack, a_pack, "aspen")
 
 
 def test_v0_without_no_done_gets_ready_then_a_done_round(fleet, tmp_path):
@@ -283,6 +285,7 @@ def test_v0_without_no_done_gets_ready_then_a_done_round(fleet, tmp_path):
     s_lines, s_pack, _ = _pack_of(s.body, "side-band-64k")
     assert a_lines == s_lines
     assert new in d.pack_objects(a_pack, str(client)) == d.pack_objects(s_pack, str(client))
+    d.check_planned_bytes(s_pack, a_pack, "aspen")
 
 
 @pytest.mark.parametrize("shape,why", [
