@@ -22,7 +22,7 @@ import time
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -429,6 +429,26 @@ def check_trio(s: h.CgiResult, a: h.CgiResult, w: Optional[h.CgiResult], *, mode
         if r is not None:
             assert b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")
     return Trio(s, a, w)
+
+
+def _nonce_masked(r: h.CgiResult) -> h.CgiResult:
+    """R with a receive-pack advertisement's push-cert nonce (a time stamp and
+    its HMAC: it changes every second) masked, its pkt-line framed again."""
+    if b"push-cert=" not in r.body:
+        return r
+    lines = [pkt(re.sub(rb"push-cert=[^ \n\0]*", b"push-cert=N", t[1])) if t[0] == "pkt" else FLUSH
+             for t in tokens(r.body)]
+    return replace(r, body=b"".join(lines))
+
+
+def check_like_stock(env: dict, body: bytes, r: h.CgiResult) -> Trio:
+    """R, Aspen's answer to the request ENV and BODY (a replayed one, the
+    resident's), is stock's answer to it: status, headers and body as
+    check_trio compares an aspen-cgi answer (a 200 to info/refs?service= as
+    an advertisement, its agent masked; a push-cert nonce masked)."""
+    s = h.stock(env, body)
+    advert = s.status == 200 and "service=" in env.get("QUERY_STRING", "")
+    return check_trio(_nonce_masked(s), _nonce_masked(r), None, mode="advert" if advert else "exact")
 
 
 def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Optional[str] = None,

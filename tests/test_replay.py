@@ -5,9 +5,11 @@ the user, the cache entry) and the pipeline answers again, with the same
 bytes the pipeline gives a request that was never recorded.
 
 The reference answer for each state comes from aspen-cgi with one extra
-environment variable of its own (a new key: never replayed). Files are aged
-past the racy window after each change, as a poller meets a repository whose
-last push was more than a tenth of a second ago."""
+environment variable of its own (a new key: never replayed), and every
+answer, replayed or not, is also compared with stock's to the same request
+(status, headers as the differential tests compare them, body). Files are
+aged past the racy window after each change, as a poller meets a repository
+whose last push was more than a tenth of a second ago."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from .cgiserver import cgi_server_factory  # noqa: F401
+from .differential import check_like_stock
 from .harness import aspen, aspen_cli, git, make_history, out, stock
 
 ADVERT = {"REQUEST_METHOD": "GET", "QUERY_STRING": "service=git-upload-pack", "GIT_HTTP_EXPORT_ALL": "1"}
@@ -38,10 +41,12 @@ def _age(*roots: Path) -> None:
 
 
 def _ask(env: dict, body: bytes = b"", fresh: bool = False):
+    """Aspen's answer to ENV and BODY, checked against stock's, and whether it was replayed."""
     e = dict(env, ASPEN_ACCESS_LOG="1")
     if fresh:
         e["ASPEN_TEST_KEY"] = uuid.uuid4().hex      # a key of its own: the pipeline answers
     res = aspen(e, body)
+    check_like_stock(env, body, res)
     return res, b"replayed=1" in res.stderr
 
 
@@ -213,6 +218,10 @@ def test_a_deleted_repository_gets_404_and_nothing_is_made(repo):
     assert not bare.exists()
 
 
+def _objects(repo: Path) -> set[str]:
+    return {line.split()[0] for line in out("rev-list", "--objects", "--all", cwd=str(repo)).splitlines()}
+
+
 def test_clones_replay_the_cache_entry_and_count_the_hit(repo, tmp_path, cgi_server_factory):
     """The third identical clone is sent straight from the cache entry the
     second one hit; it passes fsck, and `aspen stats` counts it as a hit.
@@ -227,12 +236,16 @@ def test_clones_replay_the_cache_entry_and_count_the_hit(repo, tmp_path, cgi_ser
     server = cgi_server_factory(root, "aspen", ASPEN_ACCESS_LOG="1", HOME=str(home))
     url = f"{server.url}/r.git"
     refs = out("for-each-ref", "--format=%(objectname) %(refname)", cwd=str(bare))
+    from_stock = tmp_path / "stock.git"
+    git("clone", "-q", "--bare", f"{cgi_server_factory(root, 'stock', HOME=str(home)).url}/r.git", str(from_stock))
 
     def clone(n: int) -> str:
+        """Clone N from Aspen: strict, with the server's refs and the objects a clone from stock has."""
         dest = tmp_path / f"c{n}"
         git("clone", "-q", "--bare", url, str(dest))
         git("fsck", "--strict", cwd=str(dest))
         assert out("for-each-ref", "--format=%(objectname) %(refname)", cwd=str(dest)) == refs
+        assert _objects(dest) == _objects(from_stock)
         return server.log_text()
 
     clone(1)
@@ -296,6 +309,7 @@ def test_pollers_arriving_together_compute_the_listing_once(repo):
     bodies = {parse_cgi(out).body for out, _ in results}
     replayed = [b"replayed=1" in err for _, err in results]
     assert len(bodies) == 1
+    check_like_stock(env, b"", parse_cgi(*results[0]))
     assert replayed.count(False) == 1, [err for _, err in results]
 
 
