@@ -38,6 +38,14 @@ from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
 from . import pushkit as pk
+
+
+@pytest.fixture(autouse=True)
+def _detached_builders(monkeypatch):
+    """Builders start as a CGI request starts them (detached processes), whatever
+    ran before in this pytest process: importing the WSGI application (another
+    test) makes them threads of this process, which the tests here kill."""
+    monkeypatch.setattr(background, "IN_PROCESS", False)
 from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(240)
