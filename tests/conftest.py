@@ -149,6 +149,16 @@ def _own_basetemp(config) -> None:
     config.option.basetemp = tempfile.mkdtemp(prefix="r-", dir=TEMP_ROOT)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """A run that passed leaves nothing under TEMP_ROOT (a full run writes
+    gigabytes there); a failed one keeps its directories for a look."""
+    config = session.config
+    base = Path(config.option.basetemp or "")
+    if exitstatus == 0 and not hasattr(config, "workerinput") and base.parent == TEMP_ROOT:
+        import shutil
+        shutil.rmtree(base, ignore_errors=True)
+
+
 SQLITE_ONLY = "sqlite_store"
 
 
