@@ -179,11 +179,11 @@ def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, c
               resident: bool = False, traces: list | None = None) -> int:
     """Answer the request through the whole pipeline (aspen-cgi's, or a
     resident worker's: RESIDENT); TRACES, when given, gets its trace."""
-    from .http.replay import MAX_ANSWER  # startup
     from .http.accesslog import Counted, write_messages  # startup
     from .http.backend import handle  # startup
     from .http.limits import Limits  # startup
     from .http.message import Request  # startup
+    from .http.replay import MAX_ANSWER  # startup
 
     limits = Limits.from_env(env, started)
     body_in = Prefixed(prefix, PipeInput(0, limits)) if prefix else PipeInput(0, limits)

@@ -318,8 +318,8 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
     is waited for (SAY tells its pid) and whatever it left is built after it.
     The merged BuildReport: `busy` only without WAIT, `gone` when the
     repository went."""
-    from .runtime.admission import BUILDS_ENV  # startup
     from .packs import background  # startup
+    from .runtime.admission import BUILDS_ENV  # startup
     total = background.BuildReport()
     told: set = set()
 
@@ -359,9 +359,9 @@ def _import_background(args: argparse.Namespace) -> int:
     pack-objects thread, gone at once when another builder runs, and quietly
     when the repository goes (leaving nothing behind)."""
     from .packs import background  # startup
-    from .runtime.statedir import state_dir  # startup
     from .refstore.guarded import open_store  # startup
     from .runtime.repoguard import RepoGuard, RepositoryGone  # startup
+    from .runtime.statedir import state_dir  # startup
     try:
         os.nice(background.NICE)
     except OSError:
@@ -401,6 +401,7 @@ def _exit_leaving_store_open(code: int) -> None:
 
 def _import_all(args: argparse.Namespace) -> int:
     import threading  # startup
+
     from .runtime.progress import Bar  # startup
     root = os.path.abspath(args.repo)
     if not os.path.isdir(root):
@@ -532,8 +533,8 @@ def _cmd_resident(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from .runtime import admission  # startup
     from .cache import evict, responses, stats  # startup
+    from .runtime import admission  # startup
     from .runtime.statedir import state_dir  # startup
     if not args.repo and not args.server:
         raise SystemExit("aspen stats: name a repository, or --server for the server's metrics")
@@ -562,8 +563,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     values = None
     if args.server:
-        from .runtime import metrics  # startup
         from .http import metricspage  # startup
+        from .runtime import metrics  # startup
         values = metricspage.snapshot(os.environ)
         server.update({"metrics_dir": metrics.directory(aspen_settings.of(os.environ)), "metrics": metrics.families(values)})
     if args.json:

@@ -151,7 +151,7 @@ def checkup(repos: list[str], user: Optional[str], apache_dir: str, units: Optio
             env[name] = value
             sources[name] = where
     if not repos and env.get("GIT_PROJECT_ROOT"):
-        from .git.discovery import repositories   # startup
+        from .git.discovery import repositories  # startup
         repos = repositories(env["GIT_PROJECT_ROOT"])
     who = (user or unit_user or (apache_user(apache_dir) if apache else None)
            or pwd.getpwuid(os.geteuid()).pw_name)

@@ -80,7 +80,9 @@ def _changed(stamp: dict[str, int]) -> bool:
 def _warm() -> None:
     """Import everything a request may need, once, before any worker forks."""
     import pkgutil  # startup
+
     import aspen_cgi  # startup
+
     from . import cgi  # noqa: F401  # startup
     skip = {"aspen_cgi.cli", "aspen_cgi.devserver", "aspen_cgi.wsgi", "aspen_cgi.cgilauncher"}
     for info in pkgutil.walk_packages(aspen_cgi.__path__, "aspen_cgi."):

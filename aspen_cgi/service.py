@@ -81,13 +81,13 @@ class ServiceContext:
         """The repository's ref store, brought up to the disk (once per request), or None."""
         if not self._store_opened:
             self._store_opened = True
-            from .refstore import snapshots as refview     # startup: sqlite3 only where refs are read
+            from .refstore import snapshots as refview  # startup: sqlite3 only where refs are read
             self._store = refview.open_store(self.gitdir, self.env, self.log)
             self.trace["version"] = self._store.version if self._store is not None else "-"
         return self._store
 
     def snapshot(self, namespace: Optional[str] = None) -> "RefSnapshot":
-        from .refstore import snapshots as refview         # startup
+        from .refstore import snapshots as refview  # startup
         if self.pinned is not None:
             return self.refstore().snapshot_at(self.pinned, namespace)
         return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
@@ -95,7 +95,7 @@ class ServiceContext:
     def pin_to(self, pin) -> None:
         """Read the repository as PIN (model/pin.Pin) names it from now on;
         PinError when it names no version, or there is no ref store."""
-        from .model.pin import PinError        # startup
+        from .model.pin import PinError  # startup
         store = self.refstore()
         if store is None:
             raise PinError("this repository has no ref store: no earlier version can be read")

@@ -19,34 +19,40 @@ setting, the value and what is accepted. One that arrives with a request
 
 from __future__ import annotations
 
+# Everything a worker's first requests would load, loaded now, before _settle() freezes the heap
+import gc
 import os
 import socket
 import sys
 import time
+import uuid  # noqa: F401
 from typing import Callable, Iterable, Iterator, Optional
 
+from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
+
 from . import settings
-from .http.accesslog import Counted, CountedFile, write_messages
+from .cache import responses  # noqa: F401
+from .fetch import (  # noqa: F401  # noqa: F401   (a depth-1 clone's hook: recompress, deflate)
+    depth1,
+    history,  # noqa: F401
+    packobjectshook,
+    planned,
+    prewarm,
+    upload,
+)
 from .http import dumb
 from .http import headers as H
+from .http.accesslog import Counted, CountedFile, write_messages
 from .http.backend import handle
 from .http.limits import Limits
 from .http.message import Request
 from .http.watchdog import WATCHDOG
-from .packs import background
-# Everything a worker's first requests would load, loaded now, before _settle() freezes the heap
-import gc
-import uuid  # noqa: F401
-from .push import receive  # noqa: F401
-from .fetch import planned, upload  # noqa: F401
-from .fetch import depth1, prewarm, packobjectshook  # noqa: F401   (a depth-1 clone's hook: recompress, deflate)
-from .cache import responses  # noqa: F401
-from .packs import spanpack, splice  # noqa: F401
+from .packs import background, spanpack, splice  # noqa: F401
 from .planner import plan  # noqa: F401
+from .push import receive  # noqa: F401
 from .push.flow import Push  # noqa: F401
-from .fetch import history  # noqa: F401
-from dulwich import object_store  # noqa: F401   (a push's version pack reads the repository through it)
 from .refstore import db as _db
+
 _db.schema_tools()      # a repository's first request makes its store (sqlite_utils, without numpy)
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")

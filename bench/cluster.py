@@ -125,7 +125,8 @@ class ClusterStack:
     def __init__(self, workdir: Path, n: int, root: Optional[Path], env: Optional[dict] = None,
                  workers: int = 2, threads: int = 16, timeout: float = 60.0, packs: str = "peers"):
         sys.path.insert(0, str(PROJECT))
-        from tests import pgserver        # the tests' PostgreSQL starter: initdb, pg_ctl, as postgres when root
+        from tests import pgserver  # the tests' PostgreSQL starter: initdb, pg_ctl, as postgres when root
+
         from .targets import _gunicorn, copy_root, repositories
         self._pgserver = pgserver
         self.workdir = Path(workdir)

@@ -552,6 +552,7 @@ class Injector:
 
 def soak(seconds: float, workdir: Path, seed: int = 1, say: Callable[[str], None] = print) -> Summary:
     import socket
+
     from . import repogen
     rng = random.Random(seed)
     root = workdir / "root"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Iterable
+from typing import Iterable, Optional
 
 from . import results
 from .results import Comparison, fmt, fmt_ratio, short

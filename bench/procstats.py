@@ -37,8 +37,8 @@ What it cannot see:
 from __future__ import annotations
 
 import os
-import time
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .cgiserver import cgi_server_factory  # noqa: F401  (a fixture, shared by every test module)
 from . import harness
+from .cgiserver import cgi_server_factory  # noqa: F401  (a fixture, shared by every test module)
 from .harness import Server, make_history
 
 os.environ.setdefault("GIT_AUTHOR_NAME", "Aspen Test")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from bench.targets import answers   # does anything speak HTTP there (any status)?
+from bench.targets import answers  # does anything speak HTTP there (any status)?
 
 PROJECT = Path(__file__).resolve().parent.parent
 SHIPPED = PROJECT / "apache"

@@ -18,10 +18,10 @@ import hashlib
 import os
 import re
 import shutil
-import time
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import uuid
 import shutil
 import signal
 import socket
@@ -15,9 +14,11 @@ import subprocess
 import sys
 import time
 import urllib.parse
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
+
 from aspen_cgi import settings
 
 if TYPE_CHECKING:
@@ -212,6 +213,7 @@ def wsgi(env: dict, body: bytes = b"") -> CgiResult:
     server passes for ENV's request (wsgi_environ); the process environment
     is reduced to BASE_ENV meanwhile, so settings come from the environ only."""
     from werkzeug.test import run_wsgi_app
+
     from aspen_cgi import wsgi as app
     errors = io.StringIO()
     environ = wsgi_environ(env, body, errors)

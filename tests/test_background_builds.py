@@ -33,11 +33,14 @@ from typing import Optional
 
 import pytest
 
+from aspen_cgi import settings
 from aspen_cgi.packs import background, builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
 from . import pushkit as pk
+
+pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(autouse=True)
@@ -46,9 +49,7 @@ def _detached_builders(monkeypatch):
     ran before in this pytest process: importing the WSGI application (another
     test) makes them threads of this process, which the tests here kill."""
     monkeypatch.setattr(background, "IN_PROCESS", False)
-from aspen_cgi import settings
 
-pytestmark = pytest.mark.timeout(240)
 
 ASPEN = str(Path(sys.executable).parent / "aspen")
 

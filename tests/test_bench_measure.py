@@ -224,6 +224,7 @@ def test_poll_storm_over_aspen_under_apache_cgi_and_mod_wsgi(tmp_path, root):
     start from the shipped configs beside stock-apache; every poll gets a 200
     listing, and aspen-cgi replays its recorded answers (its error log says so)."""
     from bench import targets
+
     from .harness import need_system
     need_system("apache2", "/usr/sbin/apache2")
     need_system("libapache2-mod-wsgi-py3", "/usr/lib/apache2/modules/mod_wsgi.so")

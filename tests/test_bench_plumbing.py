@@ -22,7 +22,6 @@ from bench.targets import _gunicorn, _terminate, copy_root, running, running_tar
 
 from .harness import git, out, refs_of
 
-
 # -- a tiny upstream whose every byte is known ---------------------------------
 
 FIXED_BODY = b"x" * 1000 + b"\n"

@@ -29,12 +29,12 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from aspen_cgi import settings
 from aspen_cgi.cache import evict
 from aspen_cgi.cache.entries import HEADER, HEADER_SIZE, KEPT, MAGIC
 from aspen_cgi.fetch.prewarm import clone_request
 
 from .harness import Server, fsck_strict, git, out, refs_of
-from aspen_cgi import settings
 
 HOOK = """#!/bin/sh
 echo run >> {counter}
@@ -547,6 +547,7 @@ def test_a_push_starts_no_pre_warmer_while_one_runs(root, server_factory, tmp_pa
     running one warms every version landing before it lets go and looks once
     more after. Once the mutex is free, a push starts one."""
     import fcntl
+
     from aspen_cgi.fetch import prewarm
     repo = root / "repo.git"
     server = server_factory(root, ASPEN_ACCESS_LOG="1", ASPEN_RUN_DIR=str(tmp_path / "run"))

@@ -14,8 +14,8 @@ from typing import Optional
 
 import pytest
 
-from aspen_cgi.refstore import segments
 from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
+from aspen_cgi.refstore import segments
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h

@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -201,7 +200,7 @@ def test_a_node_that_loses_its_disk_while_pushes_go_on_rebuilds_from_its_peers(p
             h.fsck_strict(str(n.root / name))
             r = _aspen(c, i, "verify", str(n.root / name))
             assert r.returncode == 0, r.stdout + r.stderr
-    assert any(f"service=peer-packs" in n.log_text() for n in (c.nodes[0], c.nodes[2]))
+    assert any("service=peer-packs" in n.log_text() for n in (c.nodes[0], c.nodes[2]))
 
 
 def _workers(node: h.Server) -> set[int]:

@@ -17,7 +17,6 @@ from . import differential as d
 from . import harness as h
 
 
-
 def _three(root: Path, cgi_server_factory, server_factory, **env):
     """(name, url, root copy) for stock CGI, aspen CGI and aspen WSGI (gunicorn)."""
     rs, ra, rw = d.triplicate(root)

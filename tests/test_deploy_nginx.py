@@ -7,10 +7,10 @@ and without credentials, a 100 MB push streamed through both."""
 from __future__ import annotations
 
 import base64
+import grp
 import hashlib
 import os
 import pwd
-import grp
 import re
 import shlex
 import shutil

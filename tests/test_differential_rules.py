@@ -170,7 +170,9 @@ def test_a_planned_pack_over_1_02x_stocks_bytes_fails(tmp_path):
     objects, deltified or compressed differently); git's answer is not bounded
     (its bytes vary run to run). Planned is what Aspen's access line says."""
     import time
+
     from aspen_cgi.http.accesslog import line
+
     from .harness import CgiResult
     work = tmp_path / "r"
     git("init", "-q", "-b", "main", str(work))

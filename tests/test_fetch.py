@@ -415,7 +415,7 @@ def test_hidden_refs_not_advertised_and_not_fetchable(servers, tmp_path, protoco
         try_fetch,
     ])
     assert "refs/hidden/secret" not in st["refs"]
-    (arc, aerr), (src, serr) = outcome[servers.urls["aspen"]], outcome[servers.urls["stock"]]
+    (arc, aerr), (src, _) = outcome[servers.urls["aspen"]], outcome[servers.urls["stock"]]
     if protocol == "0":
         # the v0 client refuses by itself (no allow-*-sha1-in-want advertised);
         # the server's own refusal is in test_fetch_badinput.py

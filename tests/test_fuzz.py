@@ -4,7 +4,6 @@ fuzzer found, as a regression test with its exact input."""
 
 from __future__ import annotations
 
-
 import subprocess
 
 import pytest
@@ -71,9 +70,10 @@ def test_a_crash_is_recorded_and_saved(tmp_path):
     raised, and saved with its input and traceback in the results folder."""
     import contextlib
 
+    from hypothesis import strategies as st
+
     from bench.fuzz import report
     from bench.fuzz.model import Target
-    from hypothesis import strategies as st
 
     def run(data: bytes) -> str:
         if data[:1] == b"x":
@@ -216,6 +216,7 @@ def test_push_of_a_ref_1200_directories_deep(session):
     # found by probing the pipeline target's deepest ref names: os.makedirs recursed once per
     # level in the in-process ref write (RecursionError, 500); such refs now go to git
     import sys
+
     from bench.fuzz.strategies import EMPTY_PACK
     deep = b"refs/heads/" + b"d/" * 1200 + b"x"                      # 2,412 bytes: a legal path
     too_deep = b"refs/heads/" + b"e/" * 3000 + b"x"                  # past PATH_MAX: git refuses

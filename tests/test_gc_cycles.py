@@ -22,6 +22,7 @@ from . import harness as h
 def _call(env: dict, body: bytes = b"") -> tuple[str, bytes]:
     """The WSGI application in process, as gunicorn calls it (its client socket in the environ)."""
     from werkzeug.test import run_wsgi_app
+
     from aspen_cgi import wsgi as app
     mine, theirs = socket.socketpair()
     environ = h.wsgi_environ(env, body)

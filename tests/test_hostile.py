@@ -18,14 +18,12 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import posixpath
 import shutil
 import socket
 import struct
 import sys
 import threading
 import time
-import urllib.parse
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field

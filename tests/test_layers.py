@@ -1,7 +1,8 @@
 """The house stays standing: the import contracts of .importlinter hold
 (layers point down; wire formats, the planner and values start no process
-and open no database; SQL only under refstore/), and no import cycle exists
-among aspen_cgi's modules, counting the imports made inside functions."""
+and open no database; SQL only under refstore/), no import cycle exists
+among aspen_cgi's modules, counting the imports made inside functions, and
+ruff finds nothing (pyproject.toml's rules)."""
 
 from __future__ import annotations
 
@@ -133,3 +134,12 @@ def test_no_undefined_name_in_the_package():
     assert "No module named pyflakes" not in res.stderr, "pyflakes is a test dependency (setup.cfg [test])"
     undefined = [line for line in res.stdout.splitlines() if "undefined name" in line]
     assert undefined == []
+
+
+def test_ruff_finds_nothing():
+    """ruff, with pyproject.toml's rules (pycodestyle's errors, pyflakes, isort's
+    import order), over the package, the tests and the bench."""
+    res = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "aspen_cgi", "tests",
+                          "bench"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "No module named ruff" not in res.stderr, "ruff is a test dependency (setup.cfg [test])"
+    assert res.returncode == 0, res.stdout + res.stderr

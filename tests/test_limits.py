@@ -415,6 +415,7 @@ def test_a_body_refused_as_too_large_is_read_and_dropped_up_to_a_bound():
     dropped (no more than asked, never past Content-Length), so the server
     closes with nothing unread and the client reads the answer."""
     import io
+
     from aspen_cgi.http.body import Body, BodyError
     from aspen_cgi.http.limits import Limits
     data = b"x" * 300_000

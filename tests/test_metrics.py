@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from aspen_cgi.runtime import admission, metrics
+from aspen_cgi import settings
 from aspen_cgi.http import backend
 from aspen_cgi.packs import background
+from aspen_cgi.runtime import admission, metrics
 
 from . import harness as h
 from . import pushkit as pk
 from .harness import Server, make_history
-from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(300)
 

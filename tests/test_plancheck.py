@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 
 from aspen_cgi.fetch import plancheck
-from aspen_cgi.planner.plan import Fallback, Plan, plan
-from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.fetch.history import StoreHistory
 from aspen_cgi.packs import builder
+from aspen_cgi.planner.plan import Fallback, Plan, plan
+from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -106,6 +106,7 @@ def test_a_candidate_resending_a_rewritten_tree_is_refused_unless_partial(root, 
     candidate, the subset: exactly the objects git's walk lists, spliced
     from the candidate's packs; a client holding the haves ends complete."""
     from dataclasses import replace
+
     from aspen_cgi.fetch import planned
     repo, _, a2, haves = _history(root, server, tmp_path, rewrite=True)
     store, refused = _refused(repo, a2, haves)

@@ -282,6 +282,7 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
     the ref store's recorded parents, asked first, never rule out a round
     stock ends."""
     import os
+
     from aspen_cgi.fetch import plancheck
     main, stale, root = branchy.rev("main"), branchy.rev("main~2"), branchy.rev("main~3")
     rounds = [([main], [stale]),                       # main reaches stale: ready

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.fetch.history import StoreHistory
 from aspen_cgi.model.versions import PackInfo
+from aspen_cgi.packs import builder
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
-from aspen_cgi.fetch.history import StoreHistory
-from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h
@@ -330,8 +330,8 @@ def _stale_history(repo: Path, n: int, tags: int, parents: bool = False) -> tupl
     introduced) as the builder would, with PARENTS the commits' recorded
     parents and the import's introduced commit too. Returns the store,
     main's chain, the stale tip and the tags' peeled commits."""
-    from aspen_cgi.refstore import db
     from aspen_cgi.model.versions import RefChange, VersionMeta
+    from aspen_cgi.refstore import db
 
     from .test_refstore import commits, empty_repo
     empty_repo(repo)
@@ -610,7 +610,7 @@ def test_a_version_that_introduced_a_have_again_is_not_planned(root, server, tmp
     work = tmp_path / "work"
     h.git("clone", "-q", server.url + "/repo.git", str(work))
     h.git("checkout", "-q", "-b", "gone", cwd=str(work))
-    x = pk.commit(work, "x")
+    pk.commit(work, "x")
     pk.push(work, "origin", "gone")
     client_haves = sorted(set(h.refs_of(str(repo)).values()))       # the client has x, and main
     pk.push(work, "origin", ":gone")                                 # deleted: x is reachable from no ref

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from aspen_cgi.git.repoconfig import RepoConfig
 from aspen_cgi.protocol import procreceive as pr
 from aspen_cgi.protocol.push import RefResult, report
 from aspen_cgi.push.policy import PushPolicy
-from aspen_cgi.git.repoconfig import RepoConfig
 
 from .differential import pkt
 

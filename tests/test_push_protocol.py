@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
+from aspen_cgi.git.repoconfig import RepoConfig
+from aspen_cgi.model.refname import check_refname_format
 from aspen_cgi.protocol import pktline, push
 from aspen_cgi.protocol.push import ZERO, Command, RefResult
 from aspen_cgi.push.policy import IGNORE, REFUSE, UNCONFIGURED, UPDATE_INSTEAD, WARN, PushPolicy
-from aspen_cgi.model.refname import check_refname_format
-from aspen_cgi.git.repoconfig import RepoConfig
 
 from .differential import pkt
 
@@ -192,6 +192,7 @@ def test_nonce_statuses():
     """check_nonce() over HTTP (stateless): the nonce git's HMAC makes, judged."""
     import hashlib
     import hmac
+
     from aspen_cgi.protocol import pushcert as pc
 
     seed = b"seed"

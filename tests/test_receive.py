@@ -15,7 +15,6 @@ import pytest
 
 from . import harness as h
 from . import pushkit as pk
-
 from .pushkit import ZERO
 
 pytestmark = pytest.mark.timeout(120)
@@ -605,12 +604,12 @@ def test_big_push_is_streamed_not_buffered(root, repo, tmp_path):
     import os
     import tracemalloc
 
-    from aspen_cgi.push import receive
-    from aspen_cgi.http import paths
     from aspen_cgi import settings
-    from aspen_cgi.service import RequestInfo, ServiceContext, child_env
-    from aspen_cgi.http.body import Body
     from aspen_cgi.git.repoconfig import RepoConfig
+    from aspen_cgi.http import paths
+    from aspen_cgi.http.body import Body
+    from aspen_cgi.push import receive
+    from aspen_cgi.service import RequestInfo, ServiceContext, child_env
 
     work = tmp_path / "work"
     h.git("clone", "-q", str(repo), str(work))

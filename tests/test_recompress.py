@@ -15,14 +15,14 @@ from pathlib import Path
 import deflate
 import pytest
 
-from aspen_cgi.packs.packfile import encode_entry_header
+from aspen_cgi import settings
 from aspen_cgi.fetch.packobjectshook import upload_pack_config, wants_wide_pack
+from aspen_cgi.packs.packfile import encode_entry_header
 from aspen_cgi.packs.recompress import RecompressError, rewrite, rewrite_to
 from aspen_cgi.protocol.requests import FetchRequest
 from bench.repogen import PRESETS, generate
 
 from .harness import fsck_strict, git, make_history, out, refs_of
-from aspen_cgi import settings
 
 
 @pytest.fixture(scope="module")

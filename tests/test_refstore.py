@@ -20,10 +20,9 @@ from typing import Optional
 import pytest
 
 from aspen_cgi.git import reader
-from aspen_cgi.model import refs as refs_mod
-from aspen_cgi.refstore import db, segments
 from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
 from aspen_cgi.packs import builder
+from aspen_cgi.refstore import db, segments
 from aspen_cgi.refstore.store import RefStore
 
 from . import harness as h

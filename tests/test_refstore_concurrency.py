@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from . import harness as h
-from .harness import verify_ok, versions
 from . import pushkit as pk
+from .harness import verify_ok, versions
 from .pushkit import ZERO
 
 pytestmark = pytest.mark.timeout(120)

@@ -31,8 +31,8 @@ import pytest
 from bench.faults import told_ok
 
 from . import harness as h
-from .harness import verify_ok, versions
 from . import pushkit as pk
+from .harness import verify_ok, versions
 from .pushkit import ZERO
 
 pytestmark = pytest.mark.timeout(120)

@@ -22,6 +22,7 @@ from typing import Optional
 
 import pytest
 
+from aspen_cgi import settings
 from aspen_cgi.refstore import fingerprint
 from aspen_cgi.refstore.store import RefStore, state_dir
 
@@ -29,7 +30,6 @@ from . import differential as d
 from . import harness as h
 from . import pushkit as pk
 from .pushkit import ZERO
-from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -297,6 +297,7 @@ def test_pollers_arriving_together_compute_the_listing_once(repo):
     """Six identical advertisement requests at once, with nothing recorded:
     one runs the pipeline, the others wait for its record and replay it."""
     import subprocess
+
     from .harness import ASPEN_CGI, BASE_ENV, parse_cgi
     root, bare, home = repo
     env = _env(root, home)
@@ -319,6 +320,7 @@ def test_a_refresh_records_stale_listings_and_leaves_them_to_the_next_push_in_a_
     bytes); when another ref changes while it waits out the racy window (a
     burst of pushes), it records nothing and leaves them to that push."""
     import threading
+
     from aspen_cgi.http import replayrefresh
     root, bare, home = repo
     env = _env(root, home)
@@ -359,6 +361,7 @@ def _imported(env: dict) -> set[str]:
     """The modules one aspen-cgi request loads, as CPython's -X importtime lists them."""
     import subprocess
     import sys
+
     from .harness import ASPEN_CGI, BASE_ENV
     first = Path(ASPEN_CGI).read_bytes().split(b"\n", 1)[0].decode()
     if first == "#!/bin/sh":        # as pip installs it: sh execs Python with -I -S (and adds PWD to the environment)

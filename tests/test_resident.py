@@ -13,8 +13,8 @@ its resident is its own and goes with the directory."""
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -367,10 +367,10 @@ def test_all_workers_busy_means_in_process(repo, tmp_path, cgi_server_factory):
 
 
 def _hook_running(hook: Path) -> bool:
-    for d in os.listdir("/proc"):
-        if d.isdigit():
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
             try:
-                if str(hook) in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace"):
+                if str(hook) in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace"):
                     return True
             except OSError:
                 pass

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi import settings
+
 from . import differential as d
 from . import harness as h
-from aspen_cgi import settings
 
 pytestmark = pytest.mark.timeout(300)
 

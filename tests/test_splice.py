@@ -25,7 +25,25 @@ from typing import Optional
 
 import pytest
 
-from aspen_cgi.packs.packfile import OBJ_BLOB, OBJ_COMMIT, OBJ_OFS_DELTA, OBJ_REF_DELTA, OBJ_TAG, OBJ_TREE, TYPE_NAMES, Entry, Pack, PackError, PackIndex, decode_ofs_distance, decode_type_size, encode_entry_header, encode_ofs_distance, encode_type_size, read_entry_header
+from aspen_cgi.packs.packfile import (
+    OBJ_BLOB,
+    OBJ_COMMIT,
+    OBJ_OFS_DELTA,
+    OBJ_REF_DELTA,
+    OBJ_TAG,
+    OBJ_TREE,
+    TYPE_NAMES,
+    Entry,
+    Pack,
+    PackError,
+    PackIndex,
+    decode_ofs_distance,
+    decode_type_size,
+    encode_entry_header,
+    encode_ofs_distance,
+    encode_type_size,
+    read_entry_header,
+)
 from aspen_cgi.packs.splice import CHUNK, Extent, iter_splice, plan_splice, splice
 
 from .harness import git, out

@@ -11,9 +11,9 @@ traceback."""
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest

@@ -19,6 +19,7 @@ import pytest
 from . import harness as h
 from . import pushkit as pk
 
+
 def _hook(repo: Path, name: str, body: str) -> None:
     p = repo / "hooks" / name
     p.write_text(body)

@@ -7,7 +7,6 @@ does, with no checkout on its path."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

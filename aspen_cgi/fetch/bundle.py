@@ -87,8 +87,8 @@ def _header(ctx, store, version: int) -> tuple[bytes, list[str], bool]:
 
 def _write_pack(ctx, store, version: int, values: list[str], whole: bool, out) -> None:
     if whole:
-        from .planned import prepare  # startup
         from ..planner.plan import clone_plan  # startup
+        from .planned import prepare  # startup
 
         def version_pack(v: int) -> Optional[str]:
             got = store.version_pack(v)

@@ -46,9 +46,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping, Optional
 
+from .. import settings as aspen_settings
 from ..cache import entries, evict, stats
 from ..cache.entries import DEPTH1_STOCK, DEPTH1_WIDE, SUFFIX, Replacement
-from .. import settings as aspen_settings
 
 NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer (settings.INTERNAL)
 NICE = 10
@@ -85,8 +85,8 @@ class Job:
 def wide_answer(job: Job) -> Iterable[bytes]:
     """git's upload-pack with the depth-1 pack hook (packhook), as the request came."""
     from ..git import gitexec  # startup
-    from . import packobjectshook as packhook  # startup
     from ..git.repoconfig import RepoConfig  # startup
+    from . import packobjectshook as packhook  # startup
     hooked = packhook.upload_pack_config(object_format=RepoConfig.load(job.gitdir, job.env).object_format)
     return gitexec.git_stream([*hooked, "upload-pack", "--stateless-rpc", "."],
                               cwd=job.gitdir, env=dict(job.env), input=job.data)
@@ -329,9 +329,9 @@ def _guard(gitdir: str, env: Mapping[str, str]):
     directory watched too when it is the repository's own), or None when it
     is already gone (then what a deletion under way left of Aspen's state
     is cleared, as undo() does)."""
-    from ..runtime.statedir import state_dir  # startup
-    from ..runtime.repoguard import RepoGuard, RepositoryGone  # startup
     from ..cache import responses  # startup
+    from ..runtime.repoguard import RepoGuard, RepositoryGone  # startup
+    from ..runtime.statedir import state_dir  # startup
     sdir = state_dir(gitdir, aspen_settings.of(env))
     guard = RepoGuard.take(gitdir, sdir)
     if guard is None:
@@ -348,6 +348,7 @@ def _guard(gitdir: str, env: Mapping[str, str]):
 
 def _detached(job: Job) -> bool:
     import tempfile  # startup
+
     from ..git import gitexec  # startup
     fd, request = tempfile.mkstemp(prefix=f".{job.name}.request.", suffix=".tmp", dir=job.settings.directory)
     try:
@@ -366,8 +367,8 @@ def _detached(job: Job) -> bool:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Detached, at niceness NICE: the wide build of the job in the environment (CGI, kick())."""
-    from ..runtime.statedir import state_dir  # startup
     from ..cache import responses  # startup
+    from ..runtime.statedir import state_dir  # startup
     argv = sys.argv[1:] if argv is None else argv
     try:
         os.nice(NICE)

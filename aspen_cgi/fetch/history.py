@@ -23,10 +23,9 @@ import threading
 from typing import Collection, Optional, Sequence
 
 from .. import settings
-from ..runtime.memo import put_bounded
 from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer, Visits
 from ..refstore.store import RefStore
-
+from ..runtime.memo import put_bounded
 
 SHARED: dict[tuple, object] = {}      # (store identity, "pack"|"values", version) -> answer
 SHARED_MAX = 100_000

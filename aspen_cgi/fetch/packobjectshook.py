@@ -25,8 +25,8 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from ..git import gitexec
 from .. import settings
+from ..git import gitexec
 from ..packs.recompress import RecompressError, rewrite
 from ..protocol.requests import FetchRequest
 

@@ -142,10 +142,10 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
     another pre-warmer of the repository is running. Raises RepositoryGone
     (repoguard.py), having removed what it made, when the repository
     was deleted, moved or replaced meanwhile."""
+    from ..cache import responses, stats  # startup
     from ..refstore.guarded import open_store  # startup
     from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon  # startup
     from ..runtime.statedir import state_dir  # startup
-    from ..cache import responses, stats  # startup
     config = aspen_settings.of(env)
     mode = policy(config)
     quiet = config.compact_quiet
@@ -230,9 +230,9 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     the repository runs (a burst of pushes under CGI started a program per
     push, each to find the mutex held: an interpreter's start of CPU each).
     Whether one started."""
-    from ..runtime.statedir import state_dir  # startup
-    from ..runtime.repoguard import RepositoryGone  # startup
     from ..cache import responses  # startup
+    from ..runtime.repoguard import RepositoryGone  # startup
+    from ..runtime.statedir import state_dir  # startup
     config = aspen_settings.of(env)
     sdir = state_dir(gitdir, config)
     if policy(config) == "off" or not demanded(sdir, config):

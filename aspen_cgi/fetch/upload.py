@@ -16,26 +16,25 @@ Each have's tips are looked up once per request, all haves in one query
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Mapping, Optional, Union
 
 from ..git import gitexec
-from ..protocol import advertise as adv, pktline
+from ..git.reader import object_info, shallow_roots
+from ..model.objectid import id_bytes
+from ..model.refs import RefSnapshot
+from ..packs import background
+from ..protocol import advertise as adv
+from ..protocol import pktline
+from ..protocol.pktline import ProtocolError
 from ..protocol.requests import FetchRequest, LsRefsRequest, OtherCommand, parse_v0, parse_v2
 from ..runtime.memo import Memo
-from ..service import FileBody, ServiceRefused
-from ..packs import background
-from ..git.reader import shallow_roots
-from ..model.refs import RefSnapshot
-from .uploadconfig import ALLOW_ANY, ALLOW_REACHABLE, ALLOW_TIP, UploadConfig
 from ..runtime.statedir import state_dir
-from ..protocol.pktline import ProtocolError
-from ..git.reader import object_info
-import hashlib
-from dataclasses import replace
-from ..model.objectid import id_bytes
+from ..service import FileBody, ServiceRefused
+from .uploadconfig import ALLOW_ANY, ALLOW_REACHABLE, ALLOW_TIP, UploadConfig
 
 
 def _config(ctx) -> UploadConfig:
@@ -308,15 +307,16 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     the background for the requests after (fetch/depth1.py); later hits get
     whichever the entry holds (`depth1=wide` once built). Pre-warm (no
     client waits) builds the wide answer at once."""
-    from . import packobjectshook as packhook  # startup
     from ..cache import responses  # startup
+    from . import packobjectshook as packhook  # startup
     if ctx.pinned is not None:
         return compute(ctx, req, data)      # a view of the past: no cache entries, no depth-1 builds for it
     depth1 = packhook.wants_wide_pack(req, ctx.settings)
     sdir = state_dir(ctx.gitdir, ctx.settings)
     if depth1:
         ctx.trace["depth1"] = "stock"
-        from . import depth1 as wide, demand  # startup
+        from . import demand
+        from . import depth1 as wide  # startup
         if not wide.no_client(ctx.env):
             demand.note_demand(sdir)
     settings = responses.settings(sdir, ctx.settings)

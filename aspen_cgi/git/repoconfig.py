@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from . import configfiles, gitexec
 from ..model.gitvalues import ConfigError, parse_bool, parse_size
+from . import configfiles, gitexec
 
 _ENV_KEYS = ("HOME", "XDG_CONFIG_HOME")
 _RACY_NS = 100_000_000

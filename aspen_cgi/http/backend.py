@@ -8,20 +8,20 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
-from ..model import refs as refs_mod
 from .. import settings
-from ..protocol import pktline
-from ..protocol.pktline import ProtocolError
 from ..git.repoconfig import ConfigError, RepoConfig
-from .accesslog import METRICS_KEY
-from . import dumb, paths, routes
-from . import headers as H
-from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
-from .limits import Limits
+from ..model import refs as refs_mod
 from ..model.pin import Pin, split_url
 from ..model.trace import Trace
-from .message import HttpError, Request, Response
+from ..protocol import pktline
+from ..protocol.pktline import ProtocolError
 from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env, service_enabled
+from . import dumb, paths, routes
+from . import headers as H
+from .accesslog import METRICS_KEY
+from .body import Body, BodyError, max_request_buffer, parse_content_length, read_upload_request
+from .limits import Limits
+from .message import HttpError, Request, Response
 from .query import parameters
 
 SERVICES = ("upload-pack", "receive-pack")
@@ -108,8 +108,8 @@ def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
 
 def _metrics_response(env: Mapping[str, str]) -> Response:
     """The server's metrics in Prometheus' text format (metrics.PATH, ASPEN_METRICS=1)."""
-    from ..runtime import metrics        # startup: only with ASPEN_METRICS=1
-    from . import metricspage          # startup
+    from ..runtime import metrics  # startup: only with ASPEN_METRICS=1
+    from . import metricspage  # startup
     body = metrics.exposition(metricspage.snapshot(env)).encode()
     hdrs = H.nocache() + [("Content-Length", str(len(body))), ("Content-Type", metrics.CONTENT_TYPE)]
     return Response(200, "OK", hdrs, [body], trace=Trace(service="metrics"))
@@ -260,7 +260,7 @@ def _handle(req: Request, seen: dict) -> Response:
     if method == "HEAD":
         method = "GET"
     if env.get("PATH_INFO", "").startswith(PEER_PACKS_PATH) and settings.of(env).node_url:
-        from . import peerpacks   # startup: a cluster's nodes only
+        from . import peerpacks  # startup: a cluster's nodes only
         return peerpacks.handle(req, method)
     full = paths.getdir(env)
     m = routes.match(full)
@@ -279,7 +279,7 @@ def _handle(req: Request, seen: dict) -> Response:
         if split is not None:
             repo, pin = paths.enter_repo(split[0]), split[1]
     if repo is None and pin is None and (settings.of(env).pack_store or settings.of(env).node_url):
-        from ..refstore.store import materialize     # startup: replicas only
+        from ..refstore.store import materialize  # startup: replicas only
         if materialize(m.repo_dir, env):
             repo = paths.enter_repo(m.repo_dir)     # a replica's copy of a repository the log knows, made now
     if repo is None:
@@ -301,9 +301,9 @@ def _handle(req: Request, seen: dict) -> Response:
 
 def _advertise(svc: str, ctx: ServiceContext, prefix) -> Response:
     if svc == "upload-pack":
-        from ..fetch import upload as service      # startup: a CGI request loads the one service it serves
+        from ..fetch import upload as service  # startup: a CGI request loads the one service it serves
     else:
-        from ..push import receive as service      # startup
+        from ..push import receive as service  # startup
     head = b""
     if ctx.protocol_version != 2:
         head = pktline.encode(f"# service=git-{svc}\n") + pktline.FLUSH
@@ -320,15 +320,15 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     limits = req.limits or Limits.from_env(req.env)
     body_obj: Optional[Body] = None
     if svc == "upload-pack":
-        from ..fetch import upload as service      # startup
+        from ..fetch import upload as service  # startup
         data = read_upload_request(req.input, length, gzip, max_buffer, limits)
         if not data:
             # stock's upload-pack dies on an empty request (t5562); Aspen says so with a status
             raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
         stream = service.serve(ctx, data)
     else:
-        from ..push import receive as service      # startup
-        from ..fetch import prewarm                # startup
+        from ..fetch import prewarm  # startup
+        from ..push import receive as service  # startup
         ctx.after_push = (prewarm.kick,)           # a push's new version warms the cache for depth-1 clones
         if limits.max_push_bytes and length is not None and length > limits.max_push_bytes:
             raise HttpError(413, "Payload Too Large",

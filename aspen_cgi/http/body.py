@@ -4,12 +4,12 @@ an error, never a spin; a gzip bomb stops at a bound."""
 
 from __future__ import annotations
 
+import io
 import zlib
 from typing import IO, Optional
 
 from ..model.gitvalues import ConfigError, parse_size
 from .limits import INFLATE_FREE, UNLIMITED, Limits
-import io
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024
 CHUNK = 65536

@@ -9,8 +9,8 @@ from typing import Mapping, Optional
 
 from .. import settings
 from ..model.refs import RefSnapshot
-from . import headers as H
 from ..service import FileBody
+from . import headers as H
 from .message import HttpError, Response
 
 CHUNK = 65536

@@ -10,9 +10,9 @@ import os
 import time
 from typing import Mapping
 
+from .. import settings
 from ..refstore import store as refstore
 from ..runtime import admission, metrics
-from .. import settings
 
 
 def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:

@@ -36,15 +36,15 @@ import posix
 import time
 import zlib
 from stat import S_ISDIR
+
 from .. import settings
+from ..git.configfiles import sources
+from ..runtime.statedir import state_dir
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
 
 if TYPE_CHECKING:
     from typing import Mapping, Optional
-
-from ..git.configfiles import sources
-from ..runtime.statedir import state_dir
 
 
 # os.path's own for the paths here (absolute, from the environment): this module and the CGI

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional
 
+from ..service import FileBody
 from . import headers as H
 from .message import HttpError, Response
-from ..service import FileBody
 
 _RANGE = re.compile(r"bytes=([0-9]{0,18})-([0-9]{0,18})")
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 
-
 @dataclass(frozen=True)
 class Ref:
     name: str                      # full name inside the namespace (namespace prefix removed)

@@ -65,12 +65,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from ..git import gitexec
 from .. import settings
-from ..runtime.owners import owner_alive, owner_id
+from ..git import gitexec
 from ..refstore.guarded import open_store
 from ..refstore.store import release_thread, store_file_name
-from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon, identity as _ident
+from ..runtime.owners import owner_alive, owner_id
+from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon
+from ..runtime.repoguard import identity as _ident
 from ..runtime.statedir import state_dir
 
 LOCK = ".build.lock"              # the version-pack builder's

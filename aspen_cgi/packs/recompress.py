@@ -25,7 +25,20 @@ from typing import BinaryIO, Iterable, Iterator, Union
 
 import deflate
 
-from .packfile import HASHES, OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, PACK_SIGNATURE, TYPE_NAMES, PackError, decode_ofs_distance, decode_type_size, encode_ofs_distance, encode_type_size
+from .packfile import (
+    HASHES,
+    OBJ_OFS_DELTA,
+    OBJ_REF_DELTA,
+    OID_LEN,
+    PACK_HEADER_LEN,
+    PACK_SIGNATURE,
+    TYPE_NAMES,
+    PackError,
+    decode_ofs_distance,
+    decode_type_size,
+    encode_ofs_distance,
+    encode_type_size,
+)
 
 LEVEL = 12                  # libdeflate's strongest level
 CHUNK = 65536               # read size, and the size of output chunks

@@ -20,7 +20,6 @@ from typing import IO, Mapping, Optional
 from ..model.objectid import OID_PATTERN
 from .versionpack import ADOPT_MAX
 
-
 LISTING_MAGIC = b"aspen-listing 2\n"
 _HEX = re.compile(f"^{OID_PATTERN}$".encode())
 _TIME = re.compile(rb"^[0-9]+$")

@@ -45,7 +45,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, Union
 
-from .packfile import HASHES, OBJ_OFS_DELTA, OBJ_REF_DELTA, OID_LEN, PACK_HEADER_LEN, Pack, PackError, PackIndex, PathLike, encode_entry_header
+from .packfile import (
+    HASHES,
+    OBJ_OFS_DELTA,
+    OBJ_REF_DELTA,
+    OID_LEN,
+    PACK_HEADER_LEN,
+    Pack,
+    PackError,
+    PackIndex,
+    PathLike,
+    encode_entry_header,
+)
 
 CHUNK = 65536
 

@@ -17,7 +17,18 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .packfile import OBJ_BLOB, OBJ_COMMIT, OBJ_OFS_DELTA, OBJ_TAG, OBJ_TREE, PACK_HEADER_LEN, PACK_SIGNATURE, HASHES, PackError, read_entry_header
+from .packfile import (
+    HASHES,
+    OBJ_BLOB,
+    OBJ_COMMIT,
+    OBJ_OFS_DELTA,
+    OBJ_TAG,
+    OBJ_TREE,
+    PACK_HEADER_LEN,
+    PACK_SIGNATURE,
+    PackError,
+    read_entry_header,
+)
 
 _NAMES = {OBJ_COMMIT: b"commit", OBJ_TREE: b"tree", OBJ_BLOB: b"blob", OBJ_TAG: b"tag"}
 

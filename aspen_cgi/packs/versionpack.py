@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import socket
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Collection, Mapping, Optional, Sequence
@@ -29,7 +29,6 @@ from typing import Collection, Mapping, Optional, Sequence
 from ..git import gitexec
 from ..runtime.memo import put_bounded
 from ..runtime.owners import owner_alive, owner_id
-
 
 SCRATCH_PREFIX = "build-"
 
@@ -434,8 +433,8 @@ class RepoObjects:
 
 def oid_len(gitdir: str, env: Mapping[str, str]) -> int:
     """The length in bytes of the repository's object ids: 20 (SHA-1) or 32 (SHA-256)."""
-    from ..model.objectid import id_bytes  # startup
     from ..git.repoconfig import RepoConfig  # startup
+    from ..model.objectid import id_bytes  # startup
     return id_bytes(RepoConfig.load(gitdir, env).object_format)
 
 

@@ -113,8 +113,8 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Mapping, Optional, Protocol, Sequence
 
-from ..protocol.requests import FetchRequest
 from ..model.versions import AncestryAnswer, CloneView, PackInfo, SegmentPack, TipAnswer, Visits
+from ..protocol.requests import FetchRequest
 
 UNPROVED = "haves-not-proved"
 EXTRA_OBJECTS = "extra-objects"    # stored packs hold objects stock's answer would not leave the client with

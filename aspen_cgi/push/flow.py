@@ -17,24 +17,26 @@ import traceback
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Generator, Iterator, Optional
 
-from . import autogc, deploy, intake, procreceive, shallow as shallowpush
 from ..git import gitexec
 from ..git.gitexec import GitEnv
-from . import policy as pol
 from ..git.hooks import Hooks
-from ..protocol import pktline, push
+from ..git.reader import object_info
 from ..model.objectid import is_null
+from ..model.refname import check_refname_format
+from ..model.refs import HiddenRefs, namespace_prefix
+from ..protocol import pktline, push
 from ..protocol.pktline import ProtocolError
 from ..protocol.procreceive import RefReport
 from ..protocol.push import ZERO, Command, RefResult
-from ..model.refname import check_refname_format
-from ..git.reader import object_info
-from ..model.refs import HiddenRefs, namespace_prefix
-from ..refstore import db as store_db, hookruns
+from ..refstore import db as store_db
+from ..refstore import hookruns
+from ..refstore.store import packs_dir_of, push_pack_store, replica_mode, sent_pack_path
 from ..runtime.owners import fault
 from ..service import ServiceRefused
+from . import autogc, deploy, intake, procreceive
+from . import policy as pol
+from . import shallow as shallowpush
 from .refwrite import RefChange, VersionMeta, in_process_ok, transaction
-from ..refstore.store import packs_dir_of, push_pack_store, replica_mode, sent_pack_path
 
 if TYPE_CHECKING:
     from .signed import Certificate
@@ -246,7 +248,7 @@ class Push:
     def _adopt_sent(self) -> None:
         """The client's pack becomes its version's pack now, before the report,
         when that needs no git (packs.background.adopt_now)."""
-        from ..packs import background     # startup: pushes without a store never load the builder
+        from ..packs import background  # startup: pushes without a store never load the builder
         store = self.ctx.refstore()
         if store is not None:
             t0 = time.perf_counter()
@@ -256,7 +258,7 @@ class Push:
     def _background_work(self) -> None:
         """After a push landed: its version pack (when built), then the jobs
         the request's composer registered (ServiceContext.after_push: pre-warm)."""
-        from ..packs import background     # startup: pushes without a store never load the builder
+        from ..packs import background  # startup: pushes without a store never load the builder
         store = self.ctx.refstore()
         if store is None:
             return

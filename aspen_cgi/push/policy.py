@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..protocol.procreceive import RefPattern, patterns
 from ..git.repoconfig import ConfigError, parse_bool
+from ..protocol.procreceive import RefPattern, patterns
 
 UNCONFIGURED, IGNORE, WARN, REFUSE, UPDATE_INSTEAD = "unconfigured", "ignore", "warn", "refuse", "updateinstead"
 

@@ -9,11 +9,10 @@ import os
 from typing import Iterable, Iterator
 
 from .. import AGENT
+from ..git.reader import read_refs, shallow_roots
+from ..model.refs import HiddenRefs, namespace_prefix
 from ..protocol import advertise as adv
 from ..runtime.memo import Memo
-from ..git.reader import read_refs, shallow_roots
-from ..model.refs import HiddenRefs
-from ..model.refs import namespace_prefix
 
 
 def _caps(ctx) -> adv.ReceiveCaps:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-from ..refstore import db, diskrefs
-from ..model.versions import ZERO, RefChange, VersionMeta
 from .. import settings
+from ..model.versions import ZERO, RefChange, VersionMeta
+from ..refstore import db, diskrefs
 from ..refstore.store import RefStore, replica_mode
 
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]

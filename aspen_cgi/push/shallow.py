@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from ..git import gitexec
-from . import intake
 from ..git.reader import object_info, shallow_roots
+from . import intake
 
 SHALLOW = "shallow"
 LOCK = "shallow.lock"

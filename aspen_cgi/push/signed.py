@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ..git import gitexec
+from ..model.versions import PushCert
 from ..protocol import pushcert
 from ..protocol.pktline import ProtocolError
-from ..model.versions import PushCert
 from .signature import Programs, SignatureCheck, check
 
 

@@ -32,8 +32,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, Ty
 
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
-from . import pgconn
 from ..runtime import flocks
+from . import pgconn
 
 SCHEMA_VERSION = 10
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler

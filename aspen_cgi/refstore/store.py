@@ -25,14 +25,31 @@ import threading
 import time
 from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
+from .. import settings
 from ..model import refs as refs_mod
 from ..model.pin import Pin, PinError
-from .. import settings
+from ..model.versions import (
+    ZERO,
+    AncestryAnswer,
+    ChainReport,
+    CloneView,
+    CompactReport,
+    PackInfo,
+    RefChange,
+    SegmentPack,
+    StoredRef,
+    TipAnswer,
+    UpdateRow,
+    VerifyReport,
+    Version,
+    VersionMeta,
+    Visits,
+    is_null,
+)
+from ..runtime.owners import fault, owner_alive, owner_id
 from ..runtime.statedir import state_dir
 from . import chaining, db, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
 from .packstore import PackStore
-from ..runtime.owners import fault, owner_alive, owner_id
-from ..model.versions import ZERO, is_null, AncestryAnswer, ChainReport, CloneView, CompactReport, PackInfo, RefChange, SegmentPack, StoredRef, TipAnswer, UpdateRow, Version, VersionMeta, VerifyReport, Visits
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
 

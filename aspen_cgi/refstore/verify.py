@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Callable, Mapping, Optional
 
 from ..git import gitexec
-from . import chaining, db, diskrefs, views
 from ..model.versions import VerifyReport
 from ..runtime.owners import owner_alive
+from . import chaining, db, diskrefs, views
 
 STALE_LOCK_SECONDS = 60.0
 

@@ -8,8 +8,8 @@ from typing import Mapping, Optional, Sequence
 
 from ..git import gitexec, reader
 from ..model import refs as refs_mod
-from . import diskrefs
 from ..model.versions import StoredRef
+from . import diskrefs
 
 
 def ref_value(r: Optional[StoredRef]) -> Optional[tuple[Optional[str], Optional[str]]]:

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from aspen_cgi.http import body as body_mod
 from aspen_cgi.http import paths, query, routes
-from aspen_cgi.service import protocol_version
 from aspen_cgi.http.body import BodyError
 from aspen_cgi.protocol import pktline, push, requests
 from aspen_cgi.protocol.pktline import ProtocolError
 from aspen_cgi.push import intake
+from aspen_cgi.service import protocol_version
 
 from . import strategies as S
 from .model import Crash, Run, Session, Target, label

@@ -24,8 +24,8 @@ from aspen_cgi.http.backend import handle
 from aspen_cgi.http.body import BodyError
 from aspen_cgi.http.message import Request
 
-from . import strategies as S
 from . import corpus as corpus_mod
+from . import strategies as S
 from .corpus import REPO, USER
 from .model import Crash, Run, Session, Target
 

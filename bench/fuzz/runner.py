@@ -10,7 +10,8 @@ import traceback
 import warnings
 from typing import Any, Callable, Iterable, Optional
 
-from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hseed
 
 from .model import Crash, CrashRecord, Session, Target, TargetResult
 

@@ -31,8 +31,8 @@ version packs (aspen, aspen-packs) add `packs_wait_ms` (and `pack_files`,
 `packs_bytes`).
 """
 
-from .base import WORKLOADS, Workload, WorkloadContext, register
 from . import adverts, busy, clones, fetches, lagging, memory, pushes, randomfetch, storms  # each registers its own
+from .base import WORKLOADS, Workload, WorkloadContext, register
 
 _FAMILIES = (adverts, busy, clones, fetches, lagging, memory, pushes, randomfetch, storms)
 

@@ -19,7 +19,7 @@ from typing import Optional
 from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
-from .common import Wire, ordered, report, repo_url, rmtree
+from .common import Wire, ordered, repo_url, report, rmtree
 
 TAG_EVERY = 10          # one ref in TAG_EVERY is an annotated tag
 PREFIX = "adv"          # refs/heads/adv/bNNNNN, refs/tags/adv/tNNNNN

@@ -62,8 +62,7 @@ from ..model import Measurement, TargetInfo
 from .adverts import parse_v0, request
 from .base import WorkloadContext, register
 from .busysummary import summarise
-from .common import (PlanLog, ServerUsage, byte_metrics, copy_client, plan_metrics, quiet_repo, report, repo_url,
-                     rmtree)
+from .common import PlanLog, ServerUsage, byte_metrics, copy_client, plan_metrics, quiet_repo, repo_url, report, rmtree
 from .storeprobe import wait_target_packs
 
 NAME = "busy-repo"

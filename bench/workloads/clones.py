@@ -11,8 +11,7 @@ from typing import Optional
 from .. import gitclient, stats
 from ..model import Measurement
 from .base import WorkloadContext, register
-from .common import (PlanLog, PlanStats, ServerUsage, Wire, first_failure, ordered, report, repo_url, rmtree,
-                     run_jobs)
+from .common import PlanLog, PlanStats, ServerUsage, Wire, first_failure, ordered, repo_url, report, rmtree, run_jobs
 from .storeprobe import wait_target_packs
 
 

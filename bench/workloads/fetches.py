@@ -8,7 +8,7 @@ from __future__ import annotations
 from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
-from .common import PlanLog, PlanStats, ServerUsage, Wire, copy_client, ordered, quiet_repo, report, repo_url, rmtree
+from .common import PlanLog, PlanStats, ServerUsage, Wire, copy_client, ordered, quiet_repo, repo_url, report, rmtree
 from .storeprobe import Probe, repo_dir, stale_branch_figures, visits_bound, wait_target_packs
 
 STALE_NS = (10, 100, 1000, 10000)

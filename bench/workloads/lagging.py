@@ -49,9 +49,9 @@ from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from ..results import is_subject
 from .base import WorkloadContext, register
-from .common import PlanLog, PlanStats, Wire, copy_client, ordered, quiet_repo, report, repo_url, rmtree
-from .ratios import compare
+from .common import PlanLog, PlanStats, Wire, copy_client, ordered, quiet_repo, repo_url, report, rmtree
 from .randomfetch import parse_protocols
+from .ratios import compare
 from .storeprobe import wait_target_packs
 
 NAME = "lagging-clients"

@@ -11,7 +11,7 @@ import time
 from .. import gitclient, stats
 from ..model import Measurement
 from .base import WorkloadContext, register
-from .common import ServerUsage, copy_client, quiet_repo, report, repo_url, rmtree, ordered
+from .common import ServerUsage, copy_client, ordered, quiet_repo, repo_url, report, rmtree
 from .storeprobe import wait_target_packs
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from .. import gitclient, stats
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
-from .common import PlanLog, PlanStats, Wire, ordered, report, repo_url, rmtree
+from .common import PlanLog, PlanStats, Wire, ordered, repo_url, report, rmtree
 from .ratios import compare
 from .storeprobe import visits_bound, wait_target_packs
 

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from aspen_cgi import settings
+
 from .. import stats
 from ..model import TargetInfo
 from .base import WorkloadContext
-from aspen_cgi import settings
 
 QUERY_RUNS = 9     # timed runs per query; the median is reported
 
@@ -56,7 +57,7 @@ class Probe:
     def __exit__(self, *exc) -> None:
         if self.store is None:
             return
-        from aspen_cgi.refstore import store as store_mod   # drop the cached per-thread connection
+        from aspen_cgi.refstore import store as store_mod  # drop the cached per-thread connection
         conns = getattr(store_mod._local, "conns", None) or {}
         conn = conns.pop(self.store.path, None)
         if isinstance(conn, tuple):       # (connection, file id) in newer stores

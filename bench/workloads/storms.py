@@ -13,8 +13,18 @@ from typing import Optional
 from .. import gitclient, stats, targets
 from ..model import Measurement, TargetInfo
 from .base import WorkloadContext, register
-from .common import (ServerUsage, Wire, copy_client, first_failure, ordered, quiet_repo, report, repo_url,
-                     rmtree, run_jobs)
+from .common import (
+    ServerUsage,
+    Wire,
+    copy_client,
+    first_failure,
+    ordered,
+    quiet_repo,
+    repo_url,
+    report,
+    rmtree,
+    run_jobs,
+)
 from .storeprobe import wait_target_packs
 
 

@@ -1,4 +1,6 @@
-import json,sys,statistics
+import json
+import sys
+
 for d in sys.argv[1:]:
     ops=[];pushes=[]
     for line in open(d+'/raw.jsonl'):

@@ -1,11 +1,17 @@
-import sys, time, random, cProfile, pstats, subprocess
-sys.path.insert(0, __import__("os").environ.get("SRC", "/work/main"))
-from aspen_cgi.refstore.store import RefStore
-from aspen_cgi.refstore import db
+import cProfile
+import pstats
+import random
+import subprocess
+import sys
+import time
 
-from aspen_cgi.refstore.history import StoreHistory
-from aspen_cgi.planner.plan import plan, Plan
+sys.path.insert(0, __import__("os").environ.get("SRC", "/work/main"))
+from aspen_cgi.planner.plan import plan
 from aspen_cgi.protocol.requests import FetchRequest
+from aspen_cgi.refstore import db
+from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.refstore.store import RefStore
+
 repo = sys.argv[1]; n = int(sys.argv[2]); prof = len(sys.argv) > 3
 store = RefStore.open(repo, {}, create=False)
 N = store.latest()

@@ -1,13 +1,18 @@
-import sys, os, random, tempfile
+import os
+import sys
+import tempfile
+
 sys.path.insert(0, "/work/main")
-from aspen_cgi.refstore.store import RefStore
-from aspen_cgi.refstore import db
-from aspen_cgi.refstore.history import StoreHistory
-from aspen_cgi.planner.plan import plan, Plan
-from aspen_cgi.protocol.requests import FetchRequest
+import subprocess
+
 from aspen_cgi import responder
 from aspen_cgi.packs import spanpack
-import subprocess
+from aspen_cgi.planner.plan import Plan, plan
+from aspen_cgi.protocol.requests import FetchRequest
+from aspen_cgi.refstore import db
+from aspen_cgi.refstore.history import StoreHistory
+from aspen_cgi.refstore.store import RefStore
+
 repo = sys.argv[1]
 store = RefStore.open(repo, {}, create=False)
 N = store.latest()
@@ -40,6 +45,7 @@ for k in range(2, N):
         rows.append((ext, sp.size, b.size if b else None, sp.objects))
         sp.close()
 import collections
+
 print(len(rows))
 by = collections.defaultdict(list)
 for ext, s, b, o in rows:
