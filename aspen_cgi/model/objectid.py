@@ -16,7 +16,7 @@ def is_oid(s: str) -> bool:
     return len(s) in (40, 64) and set(s) <= _HEX
 
 
-def is_null(oid) -> bool:
+def is_null(oid: str | None) -> bool:
     """OID is the null id of either hash."""
     return oid is not None and len(oid) in (40, 64) and not oid.strip("0")
 

@@ -5,7 +5,13 @@ rules. Reading them from a repository is git/reader.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
+
+
+class OrderedConfig(Protocol):
+    """What HiddenRefs reads of a repository's configuration (git/repoconfig.py's RepoConfig)."""
+
+    def ordered(self, *keys: str) -> list[Optional[str]]: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,7 @@ class HiddenRefs:
     patterns: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, config, section: str) -> "HiddenRefs":
+    def from_config(cls, config: OrderedConfig, section: str) -> "HiddenRefs":
         values = config.ordered("transfer.hiderefs", f"{section}.hiderefs")
         return cls(tuple(v.rstrip("/") for v in values if v))
 

@@ -6,6 +6,15 @@ code invents a key nothing reads. A dict underneath: the CGI program's
 replay path reads recorded traces back as plain dicts, without this module.
 Imports nothing."""
 
+from __future__ import annotations
+
+TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
+if TYPE_CHECKING:
+    from typing import Any
+    _Dict = dict[str, Any]
+else:
+    _Dict = dict
+
 FIELDS = {
     # the request
     "repo": "the repository as stock names it in messages",
@@ -57,24 +66,24 @@ FIELDS = {
 }
 
 
-class Trace(dict):
+class Trace(_Dict):
     """One request's trace: a dict whose keys are FIELDS only."""
     __slots__ = ()
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
         self.update(*args, **kwargs)
 
-    def __setitem__(self, key: str, value) -> None:
+    def __setitem__(self, key: str, value: Any) -> None:
         if key not in FIELDS:
             raise KeyError(f"not a trace field: {key!r} (model/trace.py)")
         dict.__setitem__(self, key, value)
 
-    def update(self, *args, **kwargs) -> None:
+    def update(self, *args: Any, **kwargs: Any) -> None:
         for key, value in dict(*args, **kwargs).items():
             self[key] = value
 
-    def setdefault(self, key: str, default=None):
+    def setdefault(self, key: str, default: Any = None) -> Any:
         if key not in self:
             self[key] = default
         return self[key]

@@ -199,7 +199,7 @@ class Fallback:
 @dataclass
 class _Count:
     versions: set[int] = field(default_factory=set)
-    segments: set[tuple] = field(default_factory=set)
+    segments: set[tuple[object, ...]] = field(default_factory=set)
     lookups: int = 0
     proofs: list[str] = field(default_factory=list)
 
@@ -271,8 +271,8 @@ def plan(req: FetchRequest, history: History, advertised: frozenset[str],
         return count.fallback(why, "held", Candidate(lambda: _candidate(req, tags or {}, walk, visible)))
     if why == EXTRA_OBJECTS:
         # for a clone, or with the import pack (what later deletes left behind): only as a subset
-        whole = bool(req.haves) and 1 not in walk.needed
-        return count.fallback(why, candidate=Candidate(walk.plan if whole else lambda: _partial(walk.plan())))
+        as_is = bool(req.haves) and 1 not in walk.needed
+        return count.fallback(why, candidate=Candidate(walk.plan if as_is else lambda: _partial(walk.plan())))
     return count.fallback(why) if why else walk.plan()
 
 
@@ -569,7 +569,8 @@ class _Walk:
         peeled commits); None when one has no record."""
         if self.newest_have[0] != len(self.haves):      # the haves only grow
             firsts = self.graph.firsts({self.peel.get(h, h) for h in self.haves}).values()
-            self.newest_have = (len(self.haves), None if None in firsts else max(firsts, default=0))
+            known = [f for f in firsts if f is not None]
+            self.newest_have = (len(self.haves), None if len(known) < len(firsts) else max(known, default=0))
         return self.newest_have[1]
 
     def client_state(self) -> int:

@@ -8,7 +8,7 @@ typed results with stock's error messages. Pure: no processes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from ..model.objectid import is_null
 from .pktline import FLUSH, encode
@@ -155,7 +155,7 @@ class _Command:
     handled: bool
     returned: bool = False
     error: Optional[str] = None
-    reports: list = field(default_factory=list)
+    reports: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _oid(value: Optional[str], hexsz: int) -> Optional[str]:
@@ -178,7 +178,7 @@ def parse_report(lines: Iterable[bytes], eof_first: bool, refs: Sequence[str],
     ok = True
     option_error_once = False
     hint: Optional[int] = None
-    report: Optional[dict] = None
+    report: Optional[dict[str, Any]] = None
     new_report = False
     for payload in lines:
         line = _c_line(payload)
@@ -198,6 +198,7 @@ def parse_report(lines: Iterable[bytes], eof_first: bool, refs: Sequence[str],
                 report = {}
                 cmds[hint].reports.append(report)
                 new_report = False
+            assert report is not None       # a report is under way (checked above)
             key, has_val, val = rest.partition(" ")
             value = val if has_val else None
             if key == "refname":

@@ -162,7 +162,7 @@ def _read_cert(reader: pktline.Reader, cert: bytearray) -> bool:
 
 
 def read_push_options(reader: pktline.Reader) -> tuple[str, ...]:
-    opts = []
+    opts: list[str] = []
     while True:
         pkt = reader.read()
         if pkt is None:
@@ -235,7 +235,7 @@ def band(n: int, data: bytes) -> bytes:
 class Messages:
     """Where rp_error/rp_warning and child stderr go: band 2, or the server log."""
     sideband: bool
-    log: list = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
 
     def frame(self, data: bytes) -> bytes:
         if not data:
