@@ -846,7 +846,8 @@ class RefStore:
     @property
     def packs_dir(self) -> str:
         """Where its version, segment and import packs are: the state's
-        `packs/`, or a replica's directory in the pack store (shared by every node)."""
+        `packs/`, or a replica's directory in the pack store (shared by every
+        node) or in this node's own (ASPEN_NODE_URL: packs between nodes)."""
         root = self.replica_root
         if root is not None:
             return os.path.join(root, getattr(self.conn, "schema", ""))
