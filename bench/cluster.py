@@ -383,19 +383,23 @@ def pushes(workdir: Path, n: int, packs: str, count: int, size: int, progress=No
             "visible_ms": dist(visible_ms), "not_visible": stale, "kept_bytes_per_push": round(per_push)}
 
 
+def _packs_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--packs", default="peers", choices=("peers", "shared"),
+                        help="packs between the nodes or in a pack store (default %(default)s)")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.cluster",
                                 description="Aspen as a cluster: how long a node LAG versions behind takes "
                                             "to answer its first request (catch-up), for each lag.")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("catchup", help="a node's first answer after LAG pushes through another node",
-                       description="Two nodes over one PostgreSQL and pack store (tiny preset). For each lag: "
-                                   "node 1 answers once, is stopped, LAG pushes of one commit go through node "
-                                   "0, node 1 is started and asked (ls-remote): that answer's wall time.")
+                       description="Three nodes over one PostgreSQL (tiny preset). For each lag: node 1 "
+                                   "answers once, is stopped, LAG pushes of one commit go through node 0, node 1 "
+                                   "is started and asked (ls-remote): that answer's wall time.")
     c.add_argument("--lags", default="0,10,100,1000",
                    help="comma-separated lags (default %(default)s; 0: the restarted node's first answer alone)")
-    c.add_argument("--packs", default="peers", choices=("peers", "shared"),
-                   help="packs between the nodes or in a pack store (default %(default)s)")
+    _packs_option(c)
     c.add_argument("--json", action="store_true", help="one JSON line per lag")
     o = sub.add_parser("outage", help="ls-remote and clones through nginx with PostgreSQL up, then stopped",
                        description="N nodes over one PostgreSQL and pack store behind nginx. ROUNDS of "
@@ -405,8 +409,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     o.add_argument("--preset", default="small", help="the repository's preset (bench/repogen.py; default "
                                                      "%(default)s)")
     o.add_argument("--rounds", type=int, default=20, help="operations of each kind per state (default %(default)s)")
-    o.add_argument("--packs", default="peers", choices=("peers", "shared"),
-                   help="packs between the nodes or in a pack store (default %(default)s)")
+    _packs_option(o)
     o.add_argument("--json", action="store_true", help="the result as one JSON object")
     q = sub.add_parser("pushes", help="pushes through one node, each then asked through another",
                        description="COUNT pushes of one commit through node 0 of N nodes (packs between the "

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 
@@ -132,11 +132,10 @@ class Cluster:
             self.net.close()
 
 
-@pytest.fixture(scope="module", params=["peers", "shared"])
-def cluster(request, tmp_path_factory):
+def three_nodes(base: Path, mode: str) -> Iterator[Cluster]:
+    """A module's cluster: PostgreSQL, 3 nodes and nginx under BASE, gone at its end."""
     h.need_system("nginx", NGINX)
-    base = tmp_path_factory.mktemp("cluster")
-    c = Cluster(base, request.param)
+    c = Cluster(base, mode)
     try:
         for i in range(3):
             c.add_node(base / f"node{i}")
@@ -145,6 +144,11 @@ def cluster(request, tmp_path_factory):
     finally:
         c.stop()
         h.forget_stopped_servers()
+
+
+@pytest.fixture(scope="module", params=["peers", "shared"])
+def cluster(request, tmp_path_factory):
+    yield from three_nodes(tmp_path_factory.mktemp("cluster"), request.param)
 
 
 def run(*args: str, cwd=None, timeout: int = 180) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ from aspen_cgi.refstore import db, peers
 from aspen_cgi.refstore.store import LOCAL_PACKS
 
 from . import harness as h
-from .test_cluster import NGINX, Cluster, _aspen, check_clone, commit, new_work, node_refs, run
+from .test_cluster import Cluster, _aspen, check_clone, commit, new_work, node_refs, run, three_nodes
 
 pytestmark = [pytest.mark.timeout(600),
               pytest.mark.aspen_store_unchecked("each node's copies are verified here, with the cluster's settings")]
@@ -31,17 +31,7 @@ pytestmark = [pytest.mark.timeout(600),
 
 @pytest.fixture(scope="module")
 def peers_cluster(tmp_path_factory):
-    h.need_system("nginx", NGINX)
-    base = tmp_path_factory.mktemp("peers")
-    c = Cluster(base, "peers")
-    try:
-        for i in range(3):
-            c.add_node(base / f"node{i}")
-        c.start_nginx(c.nodes)
-        yield c
-    finally:
-        c.stop()
-        h.forget_stopped_servers()
+    yield from three_nodes(tmp_path_factory.mktemp("peers"), "peers")
 
 
 def _holders(c: Cluster) -> dict[tuple[str, str], set[str]]:

@@ -24,7 +24,7 @@ class PackStoreError(OSError):
     pass
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -81,7 +81,7 @@ class Upload:
                 os.unlink(self.tmp)   # the same bytes, written before
             else:
                 os.rename(self.tmp, final)
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
             return name
         except OSError as e:
             self.discard()

@@ -33,6 +33,7 @@ from urllib.parse import quote, urlsplit
 
 from .. import settings
 from . import db
+from .packstore import fsync_dir
 
 HEADER = "X-Aspen-Node"
 PREFIX = "/_aspen/packs/"
@@ -179,14 +180,6 @@ class Checker:
         return self.tail == self.expect and self.hash.digest() == self.expect
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def take(directory: str, name: str, chunks: Iterable[bytes]) -> int:
     """Keep the file NAME in DIRECTORY from CHUNKS, once checked: written
     under a temporary name, fsynced, renamed into place. Its size."""
@@ -203,7 +196,7 @@ def take(directory: str, name: str, chunks: Iterable[bytes]) -> int:
         if not check.good():
             raise PeerError(f"{name}: its bytes are not the pack its name says")
         os.rename(tmp, os.path.join(directory, name))
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return check.size
     finally:
         if os.path.exists(tmp):
