@@ -83,12 +83,13 @@ def _cmd_log(args: argparse.Namespace) -> int:
     if args.export:
         return _export_chain(store, args.export)
     out = sys.stdout
+    cluster = store.replica_root is not None      # the node that took each version is worth a look
     try:
         for v in store.log(args.limit):
             if args.json:
                 link = store.chain([v.id]).get(v.id)
                 out.write(json.dumps({"id": v.id, "kind": v.kind, "who": v.who, "at": v.at, "push_id": v.push_id,
-                                      "state": v.state,
+                                      "state": v.state, "node": v.node,
                                       "updates": [{"ref": u.ref, "old": u.old, "new": u.new, "fast_forward": u.ff}
                                                   for u in v.updates],
                                       "cert": _cert_json(v.cert),
@@ -98,7 +99,8 @@ def _cmd_log(args: argparse.Namespace) -> int:
             who = v.who or "-"
             state = "" if v.state == "done" else f" [{v.state}]"
             what = f"  ({v.push_id})" if v.kind in ("undo", "restore") and v.push_id else ""
-            out.write(f"version {v.id}  {v.kind}  {who}  {_when(v.at)}{state}{what}\n")
+            via = f"  via {v.node}" if cluster and v.node else ""
+            out.write(f"version {v.id}  {v.kind}  {who}  {_when(v.at)}{state}{what}{via}\n")
             if v.cert is not None:
                 out.write(_cert_line(v.cert))
             shown = v.updates if args.all_updates or len(v.updates) <= 20 else v.updates[:20]
@@ -188,6 +190,8 @@ def _cmd_db(args: argparse.Namespace) -> int:
             return 1
         print(f"aspen db drop: {'dropped' if gone else 'no store of'} {args.repo}")
         return 0 if gone else 1
+    if args.action == "migrate":
+        return _db_migrate(refstore, url, args)
     try:
         stores = refstore.database_stores(url, init=args.action == "init")
     except refstore.db.Error as e:      # type: ignore[misc]
@@ -204,6 +208,28 @@ def _cmd_db(args: argparse.Namespace) -> int:
         for r, sc, v in stores:
             print(f"{sc}  schema {v}  {r}")
     return 0
+
+
+def _db_migrate(refstore, url: str, args: argparse.Namespace) -> int:
+    """`aspen db migrate`: every store behind moved to this Aspen's schema now."""
+    from .runtime.progress import Bar  # startup
+    bar = Bar("aspen db migrate", enabled=not args.json)
+    try:
+        moved = refstore.migrate_database_stores(url, bar.update)
+    except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]
+        bar.finish()
+        print(f"aspen db migrate: {e}", file=sys.stderr)
+        return 1
+    bar.finish()
+    newer = [(r, b) for r, b, a in moved if a > refstore.db.SCHEMA_VERSION]
+    if args.json:
+        print(json.dumps([{"repo": r, "before": b, "after": a} for r, b, a in moved]))
+    else:
+        changed = sum(1 for _, b, a in moved if a != b)
+        print(f"aspen db migrate: {changed} of {len(moved)} store(s) moved to schema {refstore.db.SCHEMA_VERSION}")
+        for r, b in newer:
+            print(f"aspen db migrate: {r} is at schema {b}, newer than this Aspen's", file=sys.stderr)
+    return 1 if any(a < refstore.db.SCHEMA_VERSION for _, _, a in moved) else 0
 
 
 def _cmd_replica(args: argparse.Namespace) -> int:
@@ -828,14 +854,18 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--json", action="store_true", help="print them as JSON")
     res.set_defaults(func=_cmd_resident)
 
-    dbp = sub.add_parser("db", help="the PostgreSQL database of ref stores (ASPEN_REFSTORE_URL): init, list, drop",
+    dbp = sub.add_parser("db", help="the PostgreSQL database of ref stores (ASPEN_REFSTORE_URL): "
+                                    "init, list, migrate, drop",
                          description="init: make the database's list of stores (each repository's store, a "
                                      "schema of its own, is made on its first request); list: every store in "
-                                     "it, with the repository it is known by; drop: remove the store of the "
-                                     "repository --repo names, e.g. before a cluster's repository is replaced "
-                                     "by a new one at the same path (docs/cluster.md).")
-    dbp.add_argument("action", choices=("init", "list", "drop"),
-                     help="init: make the list of stores; list: show them; drop: remove one (--repo)")
+                                     "it, with the repository it is known by; migrate: move every store to "
+                                     "this Aspen's schema now (a cluster with a shared pack store, once every "
+                                     "node runs this Aspen; docs/cluster.md, Upgrading); drop: remove the store "
+                                     "of the repository --repo names, e.g. before a cluster's repository is "
+                                     "replaced by a new one at the same path (docs/cluster.md).")
+    dbp.add_argument("action", choices=("init", "list", "migrate", "drop"),
+                     help="init: make the list of stores; list: show them; migrate: move them to this "
+                          "Aspen's schema; drop: remove one (--repo)")
     dbp.add_argument("--repo", help="drop: the repository the store is known by (as `list` shows it)")
     dbp.add_argument("url", nargs="?", help="the database's postgresql:// URL (default: ASPEN_REFSTORE_URL)")
     dbp.add_argument("--json", action="store_true", help="print the stores as JSON")

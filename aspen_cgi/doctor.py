@@ -356,8 +356,12 @@ def _node_findings(s) -> list[Finding]:
     except (db.Error, db.Busy) as e:
         return [Finding(FAIL, "nodes", f"the log's list of nodes cannot be read ({e})")]
     now = time.time()
-    live = [n for n, seen in known if now - seen < peers.GONE_S]
+    live = [n for n, seen, _ in known if now - seen < peers.GONE_S]
+    older = [n for n, seen, at in known if now - seen < peers.GONE_S and at < db.SCHEMA_VERSION]
     out = []
+    if older:
+        out.append(Finding(NOTE, "nodes", f"{', '.join(older)} run(s) an older Aspen: stores stay at the schema "
+                                          f"it writes until every node runs this one (docs/cluster.md, Upgrading)"))
     if _answers(s.node_url):
         out.append(Finding(OK, "node-url", f"{s.node_url} answers"))
     else:

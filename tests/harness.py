@@ -246,6 +246,7 @@ class Server:
     workers: int = 2
     timeout: int = 120             # gunicorn's worker timeout, seconds
     host: Optional["netns.Host"] = None    # a test host (tests/netns.py) to run on, else this machine
+    code: Optional[Path] = None     # another Aspen's checkout to serve (an older release), else this one
 
     def __post_init__(self) -> None:
         _servers.append(self)   # its repositories' ref stores are verified once it has stopped
@@ -265,6 +266,8 @@ class Server:
         env = dict(os.environ)
         env.update({"GIT_PROJECT_ROOT": str(self.root), "GIT_HTTP_EXPORT_ALL": "1"})
         env.update(self.env)
+        if self.code is not None:   # gunicorn puts its directory first on sys.path; its processes inherit PYTHONPATH
+            env["PYTHONPATH"] = str(self.code)
         self.log = self.root.parent / f"gunicorn-{uuid.uuid4().hex[:12]}.log"
         argv = [GUNICORN, "--bind", f"{self.address}:{self.port}", "--worker-class", "gthread", "--threads",
                 str(self.threads), "--workers", str(self.workers), "--timeout", str(self.timeout),
@@ -272,7 +275,7 @@ class Server:
         self.proc = subprocess.Popen(
             self.host.argv(argv) if self.host is not None else argv,
             env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-            cwd=str(Path(__file__).resolve().parent.parent))
+            cwd=str(self.code or Path(__file__).resolve().parent.parent))
         pattern = re.compile(r"Listening at: http://%s:(\d+) \(%d\)" % (re.escape(self.address), self.proc.pid))
         deadline = time.time() + 30
         while time.time() < deadline:

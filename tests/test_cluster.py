@@ -89,9 +89,11 @@ class Cluster:
                 "ASPEN_REMOTE_USER_HEADER": "X-Remote-User",
                 "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.receivepack", "GIT_CONFIG_VALUE_0": "true"}
 
-    def _server(self, root: Path, host: "netns.Host", port: int = 0, **extra: str) -> h.Server:
-        """A node on its test host HOST, at PORT (0: a new one); its address is its name among the nodes."""
-        node = h.Server(root, port=port or h.free_port(), threads=4, host=host)
+    def _server(self, root: Path, host: "netns.Host", port: int = 0, code: Optional[Path] = None,
+                **extra: str) -> h.Server:
+        """A node on its test host HOST, at PORT (0: a new one); its address is its name among the nodes.
+        CODE: the checkout of another Aspen to run (harness.Server.code)."""
+        node = h.Server(root, port=port or h.free_port(), threads=4, host=host, code=code)
         node.env = dict(self.env(node), ASPEN_RUN_DIR=str(self.run_dir(root)), **extra)
         return node.start()
 
@@ -106,10 +108,10 @@ class Cluster:
         self.nodes.append(node)
         return node
 
-    def restart(self, i: int, **extra: str) -> h.Server:
+    def restart(self, i: int, code: Optional[Path] = None, **extra: str) -> h.Server:
         old = self.nodes[i]
         old.stop()
-        self.nodes[i] = self._server(old.root, old.host, old.port, **extra)
+        self.nodes[i] = self._server(old.root, old.host, old.port, code, **extra)
         return self.nodes[i]
 
     def start_nginx(self, nodes: list[h.Server]) -> None:

@@ -8,13 +8,17 @@ module runs all of its own tests in this mode too."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -298,3 +302,91 @@ def test_a_node_writes_nothing_to_a_log_a_newer_aspen_moved_on(peers_cluster, tm
         c.pg.psql("UPDATE aspen_stores SET schema_version = schema_version - 1 WHERE repo = 'c:sv.git'", "cluster")
     assert run("push", f"{c.nodes[1].url}/sv.git", "HEAD:main", cwd=str(work)).returncode == 0
     assert node_refs(c.nodes[2], "sv.git")["refs/heads/main"] == h.out("rev-parse", "HEAD", cwd=str(work))
+
+
+SCHEMA_10_RELEASE = "7cbc10675f19b70f00aa293f9dbf3517a657108f"    # the last Aspen whose stores are at schema 10
+
+
+@pytest.fixture(scope="module")
+def schema_10_aspen(tmp_path_factory) -> Path:
+    """That release's aspen_cgi, from this checkout's history (a clone of the project has it)."""
+    dest = tmp_path_factory.mktemp("aspen-schema10")
+    here = Path(__file__).resolve().parent.parent
+    tree = subprocess.run(["git", "-C", str(here), "archive", SCHEMA_10_RELEASE, "aspen_cgi"], capture_output=True)
+    assert tree.returncode == 0, ("the release of schema 10 must be in this checkout's history (a shallow clone "
+                                  "lacks it): " + tree.stderr.decode(errors="replace"))
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tree.stdout, check=True)
+    assert "SCHEMA_VERSION = 10\n" in (dest / "aspen_cgi" / "refstore" / "db.py").read_text()
+    return dest
+
+
+def _store_at(c: Cluster, name: str) -> tuple[int, Optional[int]]:
+    conn = db.pgconn.PgConn(c.url, "public", 1, db.PG_USE_SCHEMA)
+    row = conn.execute("SELECT schema_version, (to_jsonb(s) ->> 'reads_from')::int FROM aspen_stores s"
+                       " WHERE repo = ?", (f"c:{name}",)).fetchone()     # an older Aspen's list has no reads_from
+    return row[0], row[1]
+
+
+def _versions(c: Cluster, name: str) -> int:
+    return int(c.pg.psql(f"SELECT count(*) FROM {_schema(c, name)}.versions", "cluster").strip())
+
+
+def test_an_upgrade_that_changes_the_schema_runs_old_and_new_nodes_side_by_side(peers_cluster, schema_10_aspen,
+                                                                                  tmp_path):
+    """The nodes of the release before (store schema 10) are replaced one at a
+    time by this Aspen's (11): while any old node runs, the store stays at 10
+    and every node takes pushes; once all run this Aspen the store moves on by
+    itself; an old node that comes back then refuses pushes (the log gains
+    nothing) and still answers fetches; every acknowledged push is on every node."""
+    c = peers_cluster
+    try:
+        for i in range(3):
+            c.restart(i, code=schema_10_aspen)
+        work = new_work(c, "up.git", tmp_path)
+        assert _store_at(c, "up.git") == (10, None)
+        acked: dict[str, str] = {}
+        tips: list[str] = []
+
+        def push_through(i: int, text: str) -> None:
+            acked["refs/heads/main"] = commit(work, text, size=512)
+            tips.append(acked["refs/heads/main"])
+            r = run("push", f"{c.nodes[i].url}/up.git", "HEAD:main", cwd=str(work))
+            assert r.returncode == 0, (i, r.stderr)
+        for i in range(3):
+            push_through(i, f"old-{i}")
+        for upgraded in range(3):
+            c.restart(upgraded)                          # this Aspen
+            for i in range(3):
+                push_through(i, f"after-{upgraded}-{i}")
+                for n in c.nodes:
+                    assert node_refs(n, "up.git")["refs/heads/main"] == acked["refs/heads/main"], (upgraded, i, n.url)
+            if upgraded < 2:
+                assert _store_at(c, "up.git") == (10, None), "moved on while a node of schema 10 runs"
+        deadline = time.monotonic() + 60
+        i = 0
+        while _store_at(c, "up.git")[0] != db.SCHEMA_VERSION and time.monotonic() < deadline:
+            assert run("ls-remote", f"{c.nodes[i % 3].url}/up.git").returncode == 0
+            i += 1
+            time.sleep(0.2)
+        assert _store_at(c, "up.git") == (db.SCHEMA_VERSION, db.READS_FROM)
+        push_through(1, "at-11")
+        log = [json.loads(line) for line in _aspen(c, 1, "log", "--json", str(c.nodes[1].root / "up.git"))
+               .stdout.splitlines()]
+        assert log[0]["node"] == c.nodes[1].url         # newest first: the version this Aspen wrote
+
+        c.restart(2, code=schema_10_aspen)               # an old node comes back
+        before = _versions(c, "up.git")
+        commit(work, "refused", size=512)
+        r = run("push", f"{c.nodes[2].url}/up.git", "HEAD:main", cwd=str(work))
+        assert r.returncode != 0 and "failed to update ref" in r.stderr, r.stderr
+        assert _versions(c, "up.git") == before
+        # it serves what its disk holds: an acknowledged tip, maybe not the latest (it cannot read the log)
+        assert node_refs(c.nodes[2], "up.git")["refs/heads/main"] in tips
+    finally:
+        for i in range(3):
+            if c.nodes[i].code is not None:
+                c.restart(i)
+    push_through(2, "back-at-11")
+    for j, n in enumerate(c.nodes):
+        check_clone(f"{n.url}/up.git", tmp_path / f"m{j}", node_refs(c.nodes[0], "up.git"))
+        assert _aspen(c, j, "verify", str(n.root / "up.git")).returncode == 0

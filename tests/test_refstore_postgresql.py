@@ -8,9 +8,11 @@ ASPEN_TEST_REFSTORE=postgresql)."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -202,15 +204,87 @@ def test_a_store_dropped_while_open_is_made_anew_only_by_a_request(tmp_path, pg_
     assert len(db.pg_stores(side)) == 1
 
 
-def test_a_store_of_another_schema_version_is_refused(tmp_path, pg_url):
+def _token(repo: Path) -> str:
+    return (repo / "aspen" / "aspen.pg").read_text().split("\n")[1]
+
+
+def test_a_store_a_newer_aspen_moved_beyond_this_ones_reading_is_refused(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
     RefStore.open(str(repo), _env(pg_url, repo)).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
-    side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1")
+    side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1, reads_from = schema_version + 1")
     forget_pg_stores()
     with pytest.raises(pgconn.StoreError, match="schema"):
-        token = (repo / "aspen" / "aspen.pg").read_text().split("\n")[1]
-        db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: token, keep=lambda t: None)
+        db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
+                      keep=lambda t: None)
+
+
+def test_a_newer_store_this_aspen_can_read_is_read_and_never_written(tmp_path, pg_url):
+    """A store a newer Aspen moved on, recording that this one reads it: its
+    refs are served from the log, and a write is refused before any row."""
+    repo = h.make_history(tmp_path / "repo.git")
+    env = _env(pg_url, repo)
+    store = RefStore.open(str(repo), env)
+    store.sync()
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1, reads_from = ?",
+                 (db.SCHEMA_VERSION,))
+    forget_pg_stores()
+    conn = db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
+                         keep=lambda t: None)
+    assert conn is not None and db.store_schema(conn) == db.SCHEMA_VERSION + 1
+    assert [v.kind for v in db.versions_desc(conn, None)] == ["import"]
+    refused = db.write(conn, lambda c: db.writable_schema(c, os.path.realpath(repo)))
+    assert refused and f"schema {db.SCHEMA_VERSION + 1}" in refused
+    with pytest.raises(pgconn.StoreError, match="schema"):
+        db.write(conn, lambda c: db.insert_version(c, "push", None, time.time(), None, "done", None))
+    assert db.count_versions(conn) == 1
+
+
+def _set_back_to_10(side: pgconn.PgConn, schema: str) -> None:
+    """The store as the Aspen of schema 10 made it (no `node` column, nothing recorded of its readers)."""
+    side.execute(f"ALTER TABLE {schema}.versions DROP COLUMN node")
+    side.execute("UPDATE aspen_stores SET schema_version = 10, reads_from = NULL")
+
+
+def test_a_store_one_schema_behind_is_migrated_when_opened_by_a_single_node(tmp_path, pg_url):
+    repo = h.make_history(tmp_path / "repo.git")
+    env = _env(pg_url, repo)
+    RefStore.open(str(repo), env).sync()
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    schema = db.pg_schema(os.path.realpath(repo))
+    _set_back_to_10(side, schema)
+    forget_pg_stores()
+    store = RefStore.open(str(repo), env)
+    assert side.execute("SELECT schema_version, reads_from FROM aspen_stores").fetchone() == (11, db.READS_FROM)
+    store.sync()
+    v = db.write(store.conn, lambda c: db.insert_version(c, "push", "me", time.time(), None, "done", None, "n1"))
+    assert [x.node for x in store.log() if x.id == v] == ["n1"]
+
+
+def test_a_store_one_schema_behind_is_read_and_written_in_its_own_shape_until_it_may_move(tmp_path, pg_url):
+    """Nodes of the older Aspen still run (may_migrate False): this Aspen
+    writes the store as they do; `aspen db migrate` moves it on, once."""
+    from aspen_cgi.refstore.store import migrate_database_stores
+    repo = h.make_history(tmp_path / "repo.git")
+    RefStore.open(str(repo), _env(pg_url, repo)).sync()
+    side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
+    schema = db.pg_schema(os.path.realpath(repo))
+    _set_back_to_10(side, schema)
+    forget_pg_stores()
+    conn = db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
+                         keep=lambda t: None, may_migrate=lambda: False)
+    assert conn is not None and db.store_schema(conn) == 10
+    v = db.write(conn, lambda c: db.writable_schema(c, os.path.realpath(repo))
+                 or db.insert_version(c, "push", "me", time.time(), None, "done", None, "n1"))
+    assert v == 2 and [x.node for x in db.versions_desc(conn, None)] == [None, None]
+    cli = subprocess.run([sys.executable, "-m", "aspen_cgi.cli", "db", "migrate", pg_url, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout) == [{"repo": os.path.realpath(repo), "before": 10, "after": 11}]
+    assert migrate_database_stores(pg_url) == [(os.path.realpath(repo), 11, 11)]
+    assert db.write(conn, lambda c: db.writable_schema(c, os.path.realpath(repo))) is None
+    assert db.store_schema(conn) == 11
 
 
 @pytest.mark.aspen_store_unchecked(reason="its database is removed at its end: the test verifies the store itself")

@@ -79,6 +79,7 @@ class Version:
     state: str
     updates: tuple[Update, ...] = ()
     cert: Optional[PushCert] = None
+    node: Optional[str] = None      # the cluster's node that took it (ASPEN_NODE_URL, else its host's name)
 
 
 @dataclass(frozen=True)

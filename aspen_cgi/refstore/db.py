@@ -35,7 +35,8 @@ from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 from ..runtime import flocks
 from . import pgconn
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
+READS_FROM = 10          # the oldest schema whose Aspen reads a store at SCHEMA_VERSION (recorded with each store)
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -178,11 +179,17 @@ def _m10(db) -> None:
     db["replica_packs"].create({"version": int, "name": str}, pk=("version", "name"), if_not_exists=True)
 
 
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8, _m9, _m10]
+def _m11(db) -> None:
+    """Which node took each version (ASPEN_NODE_URL, else the host's name): `aspen log` shows it."""
+    if "node" not in db["versions"].columns_dict:     # tests make "older" stores by setting user_version back
+        db["versions"].add_column("node", str)
+
+
+MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8, _m9, _m10, _m11]
 
 SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_schema.py)
     "CREATE TABLE versions (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, who TEXT, at REAL NOT NULL,"
-    " push_id TEXT, state TEXT NOT NULL, owner TEXT)",
+    " push_id TEXT, state TEXT NOT NULL, owner TEXT, node TEXT)",
     "CREATE INDEX idx_versions_state ON versions (state)",
     "CREATE TABLE updates (version INTEGER NOT NULL, ref TEXT NOT NULL, old TEXT NOT NULL, new TEXT NOT NULL,"
     " ff INTEGER NOT NULL, type TEXT, peeled TEXT, PRIMARY KEY (ref, version))",
@@ -220,7 +227,12 @@ SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_sche
 # below runs on both), listed in public.aspen_stores. Its types differ:
 # integers are 64-bit as SQLite's, text compares bytewise as SQLite's (the
 # "C" collation), times are double precision. A schema is made at
-# SCHEMA_VERSION; a store whose recorded version is older is refused.
+# SCHEMA_VERSION, and the list records with it the oldest Aspen that reads it
+# (READS_FROM). Nodes of two releases run side by side while a cluster is
+# upgraded (docs/cluster.md, "Upgrading"): this Aspen reads and writes a store
+# one migration behind in that store's own shape (store_schema(conn)), moves
+# it on (pg_migrate) once every node can read the result, reads a newer store
+# whose READS_FROM it meets, and writes nothing to a store it cannot read.
 
 def _pg_ddl(statement: str) -> str:
     import re  # startup: only when a PostgreSQL store is made
@@ -235,7 +247,14 @@ PG_TABLES = ("versions", "updates", "tips", "introduced", "refs", "segments", "s
              "replica_packs")
 PG_REGISTRY = ('CREATE TABLE IF NOT EXISTS public.aspen_stores (repo TEXT COLLATE "C" PRIMARY KEY,'
                ' schema_name TEXT NOT NULL UNIQUE, schema_version INTEGER NOT NULL, made TEXT NOT NULL,'
-               ' created_at DOUBLE PRECISION)')
+               ' created_at DOUBLE PRECISION, reads_from INTEGER)')
+PG_REGISTRY_READS_FROM = "ALTER TABLE public.aspen_stores ADD COLUMN IF NOT EXISTS reads_from INTEGER"
+# Statements moving a store's schema from N to N + 1 (their SQLite twins are MIGRATIONS[N]); a store
+# older than the first is refused.
+PG_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    10: ("ALTER TABLE versions ADD COLUMN IF NOT EXISTS node TEXT",),
+}
+OLDEST_STORE = min(PG_MIGRATIONS)
 PG_USE_SCHEMA = "SELECT set_config('search_path', %s, false)"
 PG_LOCK_REGISTRY = 7_041_729_385_113   # the advisory lock taken while a store's schema is made
 
@@ -253,14 +272,17 @@ def _pg_lock_key(schema: str) -> int:
 
 
 def connect_pg(url: str, repo: str, pool_size: int, create: bool, known: Callable[[], Optional[str]],
-               keep: Callable[[str], None], adopt: bool = False) -> Optional[pgconn.PgConn]:
+               keep: Callable[[str], None], adopt: bool = False,
+               may_migrate: Callable[[], bool] = lambda: True) -> Optional[pgconn.PgConn]:
     """The store of the repository known as REPO in the database at URL.
     KNOWN() is the token of its making that the repository's state records
     (None: none); KEEP(token) records one. A store the repository's state
     does not record was made for an earlier repository of that name: with
     CREATE it is dropped and made anew, as a missing one is made; without,
     None (see _pg_create). ADOPT (a replica, docs/cluster.md): a store the
-    state does not record is the cluster's, and this node's copy follows it."""
+    state does not record is the cluster's, and this node's copy follows it.
+    An older store is migrated when MAY_MIGRATE() (every node reads the
+    result), else used in its own shape; see the section's note."""
     conn = pgconn.PgConn(url, pg_schema(repo), pool_size, PG_USE_SCHEMA)
     row = _registered(conn, repo)
     if row is None or row[1] != known():
@@ -270,9 +292,66 @@ def connect_pg(url: str, repo: str, pool_size: int, create: bool, known: Callabl
         row = _registered(conn, repo)
         if row is None:
             return None
-    if row[0] != SCHEMA_VERSION:
-        raise pgconn.StoreError(f"the store of {repo} is at schema {row[0]}, this Aspen reads {SCHEMA_VERSION}")
+    at = row[0]
+    if OLDEST_STORE <= at < SCHEMA_VERSION and may_migrate():
+        at = _retry(lambda: pg_migrate(conn, repo))
+    conn.store_schema = at
+    if at < OLDEST_STORE or (at > SCHEMA_VERSION and not (_reads_from(conn, repo) or at) <= SCHEMA_VERSION):
+        raise pgconn.StoreError(f"the store of {repo} is at schema {at}, this Aspen reads {SCHEMA_VERSION}")
     return conn
+
+
+def store_schema(conn: Conn) -> int:
+    """The schema of the store CONN is open on, as last read (a SQLite file is always at SCHEMA_VERSION)."""
+    return getattr(conn, "store_schema", 0) or SCHEMA_VERSION
+
+
+def writable_schema(conn: Conn, repo: str) -> Optional[str]:
+    """Inside a write transaction: None when this Aspen may write the store of
+    REPO (its schema read again, and kept for this transaction's statements),
+    else git's error text. A newer Aspen's store is not written: this one
+    may not know what its rows must hold."""
+    if getattr(conn, "dialect", "sqlite") != "postgresql":
+        return None
+    at = pg_store_schema(conn, repo)    # type: ignore[arg-type]
+    if at is None or not OLDEST_STORE <= at <= SCHEMA_VERSION:
+        return f"failed to update ref (the ref log is at schema {at}, this server writes {SCHEMA_VERSION})"
+    conn.store_schema = at      # type: ignore[union-attr]
+    return None
+
+
+def _reads_from(conn: pgconn.PgConn, repo: str) -> Optional[int]:
+    try:
+        row = conn.execute("SELECT reads_from FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
+    except pgconn.StoreError as e:
+        if "UndefinedColumn" not in str(e):     # a list no Aspen that records it has touched
+            raise
+        return None
+    return None if row is None else row[0]
+
+
+def pg_migrate(conn: pgconn.PgConn, repo: str) -> int:
+    """Move the store of REPO to SCHEMA_VERSION, between its writers'
+    transactions (their lock held): the schema it is at now. The writers of
+    an older Aspen read the new schema in their transaction and refuse."""
+    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,)),
+                         ("SELECT pg_advisory_xact_lock(?)", (_pg_lock_key(conn.schema),))])
+    try:
+        conn.execute(PG_REGISTRY_READS_FROM)
+        row = conn.execute("SELECT schema_version FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
+        if row is None or not OLDEST_STORE <= row[0] < SCHEMA_VERSION:
+            conn.commit()
+            return SCHEMA_VERSION if row is None else row[0]
+        for n in range(row[0], SCHEMA_VERSION):
+            for statement in PG_MIGRATIONS[n]:
+                conn.execute(_pg_ddl(statement))
+        conn.execute("UPDATE public.aspen_stores SET schema_version = ?, reads_from = ? WHERE repo = ?",
+                     (SCHEMA_VERSION, READS_FROM, repo))
+        conn.commit()
+        return SCHEMA_VERSION
+    except BaseException:
+        conn.rollback()
+        raise
 
 
 def _registered(conn: pgconn.PgConn, repo: str) -> Optional[tuple]:
@@ -322,9 +401,10 @@ def _pg_create(conn: pgconn.PgConn, repo: str, known: Callable[[], Optional[str]
             conn.execute(f"SET LOCAL search_path TO {conn.schema}")
             for statement in SCHEMA:
                 conn.execute(_pg_ddl(statement))
-            conn.execute("INSERT INTO public.aspen_stores(repo, schema_name, schema_version, made, created_at)"
-                         " VALUES (?, ?, ?, ?, extract(epoch from now()))",
-                         (repo, conn.schema, SCHEMA_VERSION, token))
+            conn.execute(PG_REGISTRY_READS_FROM)
+            conn.execute("INSERT INTO public.aspen_stores(repo, schema_name, schema_version, made, created_at,"
+                         " reads_from) VALUES (?, ?, ?, ?, extract(epoch from now()), ?)",
+                         (repo, conn.schema, SCHEMA_VERSION, token, READS_FROM))
             keep(token)
         elif row[0] != mine:
             keep(row[0])
@@ -350,7 +430,11 @@ def pg_stores(conn: pgconn.PgConn) -> list[tuple[str, str, int]]:
 PG_PEERS = ('CREATE TABLE IF NOT EXISTS public.aspen_nodes (node TEXT COLLATE "C" PRIMARY KEY,'
             ' seen DOUBLE PRECISION NOT NULL)',
             'CREATE TABLE IF NOT EXISTS public.aspen_pack_holders (store TEXT COLLATE "C", name TEXT COLLATE "C",'
-            ' node TEXT COLLATE "C", at DOUBLE PRECISION NOT NULL, PRIMARY KEY (store, name, node))')
+            ' node TEXT COLLATE "C", at DOUBLE PRECISION NOT NULL, PRIMARY KEY (store, name, node))',
+            # the store schema each node's Aspen writes, as of schema_at: a later `seen` is an older Aspen's
+            # beat (one from before this was recorded, which writes `seen` alone: a node taken back)
+            "ALTER TABLE public.aspen_nodes ADD COLUMN IF NOT EXISTS schema INTEGER",
+            "ALTER TABLE public.aspen_nodes ADD COLUMN IF NOT EXISTS schema_at DOUBLE PRECISION")
 
 
 def pg_peers_init(conn: pgconn.PgConn) -> None:
@@ -365,13 +449,15 @@ def pg_peers_init(conn: pgconn.PgConn) -> None:
 
 
 def pg_node_seen(conn: pgconn.PgConn, node: str, at: float) -> None:
-    conn.execute("INSERT INTO public.aspen_nodes (node, seen) VALUES (?, ?) ON CONFLICT (node) DO UPDATE"
-                 " SET seen = excluded.seen", (node, at))
+    conn.execute("INSERT INTO public.aspen_nodes (node, seen, schema, schema_at) VALUES (?, ?, ?, ?)"
+                 " ON CONFLICT (node) DO UPDATE SET seen = excluded.seen, schema = excluded.schema,"
+                 " schema_at = excluded.schema_at", (node, at, SCHEMA_VERSION, at))
 
 
-def pg_nodes(conn: pgconn.PgConn) -> list[tuple[str, float]]:
-    """(node, last seen) of every node of the cluster."""
-    return list(conn.execute("SELECT node, seen FROM public.aspen_nodes ORDER BY node"))
+def pg_nodes(conn: pgconn.PgConn) -> list[tuple[str, float, int]]:
+    """(node, last seen, the schema its Aspen writes: 0 when its last beat did not say) of every node."""
+    return list(conn.execute("SELECT node, seen, CASE WHEN schema_at >= seen THEN coalesce(schema, 0) ELSE 0 END"
+                             " FROM public.aspen_nodes ORDER BY node"))
 
 
 def pg_pack_holders(conn: pgconn.PgConn, store: str, name: str) -> list[str]:
@@ -707,10 +793,17 @@ def delete_refs(conn: Conn, names: Iterable[str]) -> None:
 # -- versions ---------------------------------------------------------------------------------
 
 def insert_version(conn: Conn, kind: str, who: Optional[str], at: float, push_id: Optional[str],
-                   state: str, owner: Optional[str]) -> int:
-    return conn.execute("INSERT INTO versions(id, kind, who, at, push_id, state, owner)"
-                        " VALUES ((SELECT coalesce(max(id), 0) + 1 FROM versions), ?, ?, ?, ?, ?, ?) RETURNING id",
-                        (kind, who, at, push_id, state, owner)).fetchone()[0]
+                   state: str, owner: Optional[str], node: Optional[str] = None) -> int:
+    at_schema = store_schema(conn)
+    if at_schema > SCHEMA_VERSION:
+        raise pgconn.StoreError(f"the ref log is at schema {at_schema}, this server writes {SCHEMA_VERSION}")
+    if at_schema < 11:          # a store one migration behind, in its own shape
+        return conn.execute("INSERT INTO versions(id, kind, who, at, push_id, state, owner)"
+                            " VALUES ((SELECT coalesce(max(id), 0) + 1 FROM versions), ?, ?, ?, ?, ?, ?)"
+                            " RETURNING id", (kind, who, at, push_id, state, owner)).fetchone()[0]
+    return conn.execute("INSERT INTO versions(id, kind, who, at, push_id, state, owner, node)"
+                        " VALUES ((SELECT coalesce(max(id), 0) + 1 FROM versions), ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (kind, who, at, push_id, state, owner, node)).fetchone()[0]
 
 
 def insert_push_cert(conn: Conn, version: int, cert: PushCert) -> None:
@@ -856,7 +949,7 @@ def mark_done(conn: Conn, version: int) -> bool:
 
 
 def versions_desc(conn: Conn, limit: Optional[int], before: Optional[int] = None) -> list[Version]:
-    q = "SELECT id, kind, who, at, push_id, state FROM versions"
+    q = f"SELECT id, kind, who, at, push_id, state, {'node' if store_schema(conn) >= 11 else 'NULL'} FROM versions"
     args: list = []
     if before is not None:
         q += " WHERE id < ?"
@@ -867,9 +960,10 @@ def versions_desc(conn: Conn, limit: Optional[int], before: Optional[int] = None
         args.append(limit)
     rows = list(conn.execute(q, args))
     out = []
-    for vid, kind, who, at, push_id, state in rows:
+    for vid, kind, who, at, push_id, state, node in rows:
         ups = tuple(Update(r, o, n, bool(f)) for r, o, n, f, _, _ in version_updates(conn, vid))
-        out.append(Version(vid, kind, who, at, push_id, state, ups, push_cert(conn, vid) if kind == "push" else None))
+        out.append(Version(vid, kind, who, at, push_id, state, ups, push_cert(conn, vid) if kind == "push" else None,
+                           node))
     return out
 
 

@@ -120,7 +120,15 @@ def nodes(s: settings.Settings) -> list[str]:
     here(s)
     conn = _conn(s)
     now = time.time()
-    return [n for n, seen in db.retry(lambda: db.pg_nodes(conn)) if now - seen < GONE_S or n == s.node_url]
+    return [n for n, seen, _ in db.retry(lambda: db.pg_nodes(conn)) if now - seen < GONE_S or n == s.node_url]
+
+
+def all_read(s: settings.Settings, schema: int) -> bool:
+    """Whether every node seen within GONE_S runs an Aspen that reads a store at SCHEMA."""
+    here(s)
+    conn = _conn(s)
+    now = time.time()
+    return all(at >= schema for n, seen, at in db.retry(lambda: db.pg_nodes(conn)) if now - seen < GONE_S)
 
 
 def holders(s: settings.Settings, schema: str, name: str) -> list[str]:

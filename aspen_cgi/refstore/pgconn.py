@@ -223,6 +223,7 @@ class PgConn:
         self.pool_size = pool_size
         self._use_schema = use_schema        # db.py's statement that points a connection at a schema
         self._held = None                    # the connection of the transaction under way
+        self.store_schema = 0                # the schema its store is at, as db.py last read it (0: not yet)
 
     @property
     def in_transaction(self) -> bool:

@@ -210,6 +210,26 @@ def database_stores(url: str, init: bool = False) -> list[tuple[str, str, int]]:
     return db.retry(lambda: db.pg_stores(conn))
 
 
+def migrate_database_stores(url: str, progress: Optional[Callable[[int, int], None]] = None
+                             ) -> list[tuple[str, int, int]]:
+    """Move every store in the database at URL that is behind to this
+    Aspen's schema (`aspen db migrate`): (repository, schema before, after)
+    of each. PROGRESS(done, total) after each store."""
+    listing = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
+    stores = db.retry(lambda: db.pg_stores(listing))
+    out = []
+    for i, (repo, schema, before) in enumerate(stores):
+        after = before
+        if db.OLDEST_STORE <= before < db.SCHEMA_VERSION:
+            conn = db.pgconn.PgConn(url, schema, 1, db.PG_USE_SCHEMA)
+            after = db.retry(lambda: db.pg_migrate(conn, repo))
+        out.append((repo, before, after))
+        if progress is not None:
+            progress(i + 1, len(stores))
+    forget_pg_stores()
+    return out
+
+
 def drop_database_store(url: str, repo: str) -> bool:
     """Remove the store of the repository known as REPO (`aspen db drop`); False: there was none."""
     conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
@@ -269,12 +289,36 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
             f.write(f"{key}\n{token}\n")
         os.replace(tmp, record)
 
-    conn = db.connect_pg(url, key, pool_size, create, known, keep, adopt=replica_mode(settings.of(env)))
+    s = settings.of(env)
+    conn = db.connect_pg(url, key, pool_size, create, known, keep, adopt=replica_mode(s),
+                         may_migrate=lambda: may_migrate(s))
     if conn is None:
         return None
     ident = _file_id(record)
     conns[record] = (conn, ident)
     return conn
+
+
+def may_migrate(s: settings.Settings) -> bool:
+    """Whether a store one migration behind may be moved on now: every node
+    of the cluster reads the result (one node: always). With a shared pack
+    store the nodes are not listed: `aspen db migrate` once each runs this Aspen."""
+    if not replica_mode(s):
+        return True
+    if not s.node_url:
+        return False
+    from . import peers  # startup: a cluster's nodes only
+    return peers.all_read(s, db.SCHEMA_VERSION)
+
+
+def node_name(s: settings.Settings) -> str:
+    """What the log records as the node that took a version."""
+    import socket  # startup: only where a version is written
+    return s.node_url or socket.gethostname()
+
+
+_MIGRATE_EVERY_S = 10.0
+_migrate_checked: dict[str, float] = {}
 
 
 def _disabled(s: settings.Settings) -> bool:
@@ -414,6 +458,23 @@ class RefStore:
         """The pack store's root when this node is a replica of the log, else None."""
         return pack_root(self.env) if replica_mode(settings.of(self.env)) else None
 
+    @property
+    def node(self) -> str:
+        return node_name(settings.of(self.env))
+
+    def _move_on(self) -> None:
+        """A store still one migration behind (nodes of the older Aspen were
+        running when it was opened): moved on once they are gone, looked at
+        every _MIGRATE_EVERY_S per process."""
+        if db.store_schema(self.conn) >= db.SCHEMA_VERSION:
+            return
+        now = time.monotonic()
+        if now - _migrate_checked.get(self.path, -_MIGRATE_EVERY_S) < _MIGRATE_EVERY_S:
+            return
+        _migrate_checked[self.path] = now
+        if may_migrate(settings.of(self.env)):
+            self.conn.store_schema = db.retry(lambda: db.pg_migrate(self.conn, repo_key(self.gitdir, self.env)))
+
     def _made(self) -> str:
         """The token of the making of this PostgreSQL store, as the state records it."""
         return read_record(self.path)[1]
@@ -438,6 +499,7 @@ class RefStore:
             if settings.of(self.env).node_url:
                 from . import peers  # startup: a cluster's nodes only
                 peers.here(settings.of(self.env))      # a node the others send packs to
+            self._move_on()
             # the log is the truth and the disk follows it: never an external version
             return replica.catch_up(self, root, latest or self._import(), self._made())
         if latest == 0:
@@ -462,7 +524,7 @@ class RefStore:
             if db.latest_version(conn):
                 return db.latest_version(conn)
             fp = fingerprint.take(self.gitdir)
-            v = db.insert_version(conn, "import", None, time.time(), None, "done", None)
+            v = db.insert_version(conn, "import", None, time.time(), None, "done", None, self.node)
             if root is not None:
                 db.insert_replica_packs(conn, v, packs)
                 db.set_state(conn, replica.HEAD_KEY, replica.local_head(self.gitdir))
@@ -513,7 +575,7 @@ class RefStore:
             gone = [n for n in current if n not in rows and n not in skip]
             if changed or gone:
                 meta = by or VersionMeta("external")
-                v = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "done", None)
+                v = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "done", None, self.node)
                 ups = []
                 for r in changed:
                     if r.symref is None:
@@ -704,7 +766,8 @@ class RefStore:
 
     def _insert(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                 tried: list[tuple[str, int]]) -> int:
-        vid = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "pending", owner_id())
+        vid = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "pending", owner_id(),
+                                self.node)
         # in flight before the version can be seen: recover() in another thread of this process leaves it alone
         tried.append((self.path, vid))
         _inflight.add((self.path, vid))
@@ -787,9 +850,9 @@ class RefStore:
 
     def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                         tried: list[tuple[str, int]]) -> "int | str":
-        at = db.pg_store_schema(conn, repo_key(self.gitdir, self.env))
-        if at != db.SCHEMA_VERSION:     # a newer Aspen's node moved it on: write nothing it may not read
-            return f"failed to update ref (the ref log is at schema {at}, this server writes {db.SCHEMA_VERSION})"
+        refused = db.writable_schema(conn, repo_key(self.gitdir, self.env))
+        if refused:     # a newer Aspen's node moved it on: write nothing it may not read
+            return refused
         current = db.refs_named(conn, [c.ref for c in changes])
         for c in changes:
             if c.old is None:
