@@ -38,7 +38,7 @@ def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str
 
 def import_graph() -> dict[str, set[str]]:
     """module -> the aspen_cgi modules it imports anywhere in its text (functions
-    included; `if TYPE_CHECKING:` blocks excluded: they never run)."""
+    and `if TYPE_CHECKING:` blocks included: a reader follows those too)."""
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
 
@@ -52,8 +52,6 @@ def import_graph() -> dict[str, set[str]]:
 
         def visit(node: ast.AST) -> None:
             for child in ast.iter_child_nodes(node):
-                if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
-                    continue
                 names: list[str] = []
                 if isinstance(child, ast.Import):
                     names = [a.name for a in child.names]

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
 from .. import settings
 from ..git import gitexec
@@ -32,9 +32,6 @@ from ..model.versions import ZERO, RefChange
 from ..runtime import flocks
 from . import db, diskrefs
 from .packstore import PackStore, PackStoreError
-
-if TYPE_CHECKING:
-    from .store import RefStore
 
 MARK = "replica"
 APPLYING = "replica.applying"
@@ -45,16 +42,24 @@ UNPACK_LIMIT = 100       # receive.unpackLimit's default: smaller packs are appl
 LOCK_WAIT = 60.0         # a request waits this long for another catch-up of its repository on this node
 
 
+class Copy(Protocol):
+    """What a catch-up needs of a repository's store (store.RefStore is one)."""
+    gitdir: str
+    env: Mapping[str, str]
+    conn: db.Conn
+    path: str
+
+
 class ReplicaError(OSError):
     """The node cannot be brought to the log (a pack missing from the pack
     store, git failing): its requests are answered from its disk."""
 
 
-def pack_store(store: "RefStore", root: str) -> PackStore:
+def pack_store(store: Copy, root: str) -> PackStore:
     return PackStore(root, getattr(store.conn, "schema", "") or "sqlite")
 
 
-def publish_all(store: "RefStore", root: str, hash_len: int) -> str:
+def publish_all(store: Copy, root: str, hash_len: int) -> str:
     """Every object of this node's repository as one pack in the pack store
     (a repository's import: what the other nodes start from); its name."""
     up = pack_store(store, root).upload()
@@ -162,7 +167,7 @@ def locked(state_dir: str, wait: float, shared: bool = False) -> Iterator[None]:
         os.close(gate)
 
 
-def catch_up(store: "RefStore", root: str, latest: int, token: str,
+def catch_up(store: Copy, root: str, latest: int, token: str,
              progress: Optional[Callable[[int, int], None]] = None) -> int:
     """Bring this node's disk to the log of the store made as TOKEN (at least
     to LATEST); the version it is at."""
@@ -173,7 +178,7 @@ def catch_up(store: "RefStore", root: str, latest: int, token: str,
         return _apply(store, pack_store(store, root), sdir, token, progress)
 
 
-def _apply(store: "RefStore", packs: PackStore, sdir: str, token: str,
+def _apply(store: Copy, packs: PackStore, sdir: str, token: str,
            progress: Optional[Callable[[int, int], None]]) -> int:
     have = applied(sdir, token)
     conn = store.conn
