@@ -348,11 +348,11 @@ def _answers(url: str) -> bool:
 
 def _node_findings(s) -> list[Finding]:
     """Packs between nodes: the nodes the log knows, and whether each answers."""
-    from .refstore import db, peers  # startup
+    from .refstore import db, db_postgres, peers  # startup
     try:
         conn = db.pgconn.PgConn(s.refstore_url, "public", 1, db.PG_USE_SCHEMA)
-        db.pg_peers_init(conn)
-        known = db.pg_nodes(conn)
+        db_postgres.pg_peers_init(conn)
+        known = db_postgres.pg_nodes(conn)
     except (db.Error, db.Busy) as e:
         return [Finding(FAIL, "nodes", f"the log's list of nodes cannot be read ({e})")]
     now = time.time()

@@ -91,8 +91,8 @@ def _warm() -> None:
                 __import__(info.name)
             except Exception:
                 pass
-    from .refstore import db  # startup
-    db.schema_tools()
+    from .refstore import db_schema  # startup
+    db_schema.schema_tools()
 
 
 def _lock(path: str):

@@ -51,9 +51,9 @@ from .packs import background, spanpack, splice  # noqa: F401
 from .planner import plan  # noqa: F401
 from .push import receive  # noqa: F401
 from .push.flow import Push  # noqa: F401
-from .refstore import db as _db
+from .refstore import db_schema as _db_schema
 
-_db.schema_tools()      # a repository's first request makes its store (sqlite_utils, without numpy)
+_db_schema.schema_tools()      # a repository's first request makes its store (sqlite_utils, without numpy)
 
 _PATH_KEYS = ("PATH_INFO", "PATH_TRANSLATED", "QUERY_STRING")
 

@@ -52,16 +52,16 @@ def refstore_in_postgresql(tmp_path: Path):
     """Stores are known by their repositories' absolute paths (no
     ASPEN_CLUSTER): those under this test's directory are dropped after it."""
     yield
-    from aspen_cgi.refstore import db, pgconn, store
+    from aspen_cgi.refstore import db, db_postgres, pgconn, store
     conn = pgconn.PgConn(os.environ["ASPEN_REFSTORE_URL"], "public", 2, db.PG_USE_SCHEMA)
-    db.pg_init(conn)
+    db_postgres.pg_init(conn)
     mine = os.path.realpath(tmp_path) + "/"
-    for repo, _, _ in db.pg_stores(conn):
+    for repo, _, _ in db_postgres.pg_stores(conn):
         if repo.startswith(mine):
             # a background build of the test's repository may still read the store: a deadlock
             # between its reads and the DROP is retried, as every store write is
             with db.patience(30):
-                db.retry(lambda: db.pg_drop(conn, repo))
+                db.retry(lambda: db_postgres.pg_drop(conn, repo))
     store.forget_pg_stores()
 
 

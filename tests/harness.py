@@ -536,9 +536,9 @@ def side_connection(store):
         if not url:
             import sqlite3
             return sqlite3.connect(str(state / "aspen.sqlite3"))
-        from aspen_cgi.refstore import db, pgconn
+        from aspen_cgi.refstore import db, db_postgres, pgconn
         from aspen_cgi.refstore.store import PG_RECORD, read_record
-        return pgconn.PgConn(url, db.pg_schema(read_record(str(state / PG_RECORD))[0]), 1, db.PG_USE_SCHEMA)
+        return pgconn.PgConn(url, db_postgres.pg_schema(read_record(str(state / PG_RECORD))[0]), 1, db.PG_USE_SCHEMA)
     if getattr(store.conn, "dialect", "sqlite") == "sqlite":
         import sqlite3
         return sqlite3.connect(store.path)

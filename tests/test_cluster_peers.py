@@ -23,7 +23,7 @@ from typing import Optional
 import pytest
 
 from aspen_cgi import settings
-from aspen_cgi.refstore import db, peers
+from aspen_cgi.refstore import db, db_postgres, db_schema, peers
 from aspen_cgi.refstore.store import LOCAL_PACKS
 
 from . import harness as h
@@ -51,7 +51,7 @@ def _on_disk(node: h.Server, store: str, name: str) -> bool:
 
 
 def _schema(c: Cluster, name: str) -> str:
-    return db.pg_schema(f"c:{name}")
+    return db_postgres.pg_schema(f"c:{name}")
 
 
 def test_a_push_is_on_two_nodes_before_it_is_acknowledged(peers_cluster, tmp_path):
@@ -368,7 +368,7 @@ def test_an_upgrade_that_changes_the_schema_runs_old_and_new_nodes_side_by_side(
             assert run("ls-remote", f"{c.nodes[i % 3].url}/up.git").returncode == 0
             i += 1
             time.sleep(0.2)
-        assert _store_at(c, "up.git") == (db.SCHEMA_VERSION, db.READS_FROM)
+        assert _store_at(c, "up.git") == (db.SCHEMA_VERSION, db_schema.READS_FROM)
         push_through(1, "at-11")
         log = [json.loads(line) for line in _aspen(c, 1, "log", "--json", str(c.nodes[1].root / "up.git"))
                .stdout.splitlines()]

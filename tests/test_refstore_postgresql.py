@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from aspen_cgi.refstore import db, pgconn
+from aspen_cgi.refstore import db, db_postgres, db_schema, pgconn
 from aspen_cgi.refstore.store import RefStore, forget_pg_stores
 
 from . import harness as h
@@ -62,7 +62,7 @@ def test_a_postgresql_store_has_the_sqlite_files_tables_columns_and_indexes(tmp_
                                       " WHERE table_schema = ? ORDER BY table_name, ordinal_position",
                                       (store.conn.schema,)):
         got.setdefault(table, []).append(column)
-    assert got == want and set(got) == set(db.PG_TABLES)
+    assert got == want and set(got) == set(db_schema.PG_TABLES)
     lite_indexes = {n for (n,) in lite.execute("SELECT name FROM sqlite_master WHERE type = 'index'"
                                                " AND name NOT LIKE 'sqlite_autoindex%'")}
     pg_indexes = {n for (n,) in side.execute("SELECT indexname FROM pg_indexes WHERE schemaname = ?",
@@ -72,7 +72,7 @@ def test_a_postgresql_store_has_the_sqlite_files_tables_columns_and_indexes(tmp_
     side.execute("DROP TABLE chain")
     assert db.integrity(store.conn) == ["table chain is missing"]
     # the registry names it by the repository's absolute path (no ASPEN_CLUSTER)
-    assert [(r, s) for r, s, _ in db.pg_stores(side)] == [(os.path.realpath(repo), store.conn.schema)]
+    assert [(r, s) for r, s, _ in db_postgres.pg_stores(side)] == [(os.path.realpath(repo), store.conn.schema)]
     assert (repo / "aspen" / "aspen.pg").read_text().split("\n")[0] == os.path.realpath(repo)
     assert not (repo / "aspen" / "aspen.sqlite3").exists()
 
@@ -172,15 +172,15 @@ def test_a_repository_replaced_at_the_same_path_gets_a_new_store(tmp_path, pg_ur
     assert {r.name for r in db.all_refs(again.conn)} == set(h.refs_of(str(repo)))
     assert (repo / "aspen" / "aspen.pg").read_text().split("\n")[1] != old_token
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
-    assert len(db.pg_stores(side)) == 1
+    assert len(db_postgres.pg_stores(side)) == 1
 
 
 def test_without_create_a_missing_store_is_not_made(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
     assert RefStore.open(str(repo), _env(pg_url, repo), create=False) is None
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
-    db.pg_init(side)
-    assert db.pg_stores(side) == []
+    db_postgres.pg_init(side)
+    assert db_postgres.pg_stores(side) == []
 
 
 def test_a_store_dropped_while_open_is_made_anew_only_by_a_request(tmp_path, pg_url):
@@ -199,9 +199,9 @@ def test_a_store_dropped_while_open_is_made_anew_only_by_a_request(tmp_path, pg_
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
     with pytest.raises(pgconn.StoreError, match="dropped"):
         background.sync()
-    assert db.pg_stores(side) == []
+    assert db_postgres.pg_stores(side) == []
     assert request.sync() == 1 and [v.kind for v in request.log()] == ["import"]
-    assert len(db.pg_stores(side)) == 1
+    assert len(db_postgres.pg_stores(side)) == 1
 
 
 def _token(repo: Path) -> str:
@@ -215,7 +215,7 @@ def test_a_store_a_newer_aspen_moved_beyond_this_ones_reading_is_refused(tmp_pat
     side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1, reads_from = schema_version + 1")
     forget_pg_stores()
     with pytest.raises(pgconn.StoreError, match="schema"):
-        db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
+        db_postgres.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
                       keep=lambda t: None)
 
 
@@ -230,11 +230,11 @@ def test_a_newer_store_this_aspen_can_read_is_read_and_never_written(tmp_path, p
     side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1, reads_from = ?",
                  (db.SCHEMA_VERSION,))
     forget_pg_stores()
-    conn = db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
+    conn = db_postgres.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
                          keep=lambda t: None)
     assert conn is not None and db.store_schema(conn) == db.SCHEMA_VERSION + 1
     assert [v.kind for v in db.versions_desc(conn, None)] == ["import"]
-    refused = db.write(conn, lambda c: db.writable_schema(c, os.path.realpath(repo)))
+    refused = db.write(conn, lambda c: db_postgres.writable_schema(c, os.path.realpath(repo)))
     assert refused and f"schema {db.SCHEMA_VERSION + 1}" in refused
     with pytest.raises(pgconn.StoreError, match="schema"):
         db.write(conn, lambda c: db.insert_version(c, "push", None, time.time(), None, "done", None))
@@ -252,11 +252,11 @@ def test_a_store_one_schema_behind_is_migrated_when_opened_by_a_single_node(tmp_
     env = _env(pg_url, repo)
     RefStore.open(str(repo), env).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
-    schema = db.pg_schema(os.path.realpath(repo))
+    schema = db_postgres.pg_schema(os.path.realpath(repo))
     _set_back_to_10(side, schema)
     forget_pg_stores()
     store = RefStore.open(str(repo), env)
-    assert side.execute("SELECT schema_version, reads_from FROM aspen_stores").fetchone() == (11, db.READS_FROM)
+    assert side.execute("SELECT schema_version, reads_from FROM aspen_stores").fetchone() == (11, db_schema.READS_FROM)
     store.sync()
     v = db.write(store.conn, lambda c: db.insert_version(c, "push", "me", time.time(), None, "done", None, "n1"))
     assert [x.node for x in store.log() if x.id == v] == ["n1"]
@@ -269,13 +269,13 @@ def test_a_store_one_schema_behind_is_read_and_written_in_its_own_shape_until_it
     repo = h.make_history(tmp_path / "repo.git")
     RefStore.open(str(repo), _env(pg_url, repo)).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
-    schema = db.pg_schema(os.path.realpath(repo))
+    schema = db_postgres.pg_schema(os.path.realpath(repo))
     _set_back_to_10(side, schema)
     forget_pg_stores()
-    conn = db.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
+    conn = db_postgres.connect_pg(pg_url, os.path.realpath(repo), 1, create=False, known=lambda: _token(repo),
                          keep=lambda t: None, may_migrate=lambda: False)
     assert conn is not None and db.store_schema(conn) == 10
-    v = db.write(conn, lambda c: db.writable_schema(c, os.path.realpath(repo))
+    v = db.write(conn, lambda c: db_postgres.writable_schema(c, os.path.realpath(repo))
                  or db.insert_version(c, "push", "me", time.time(), None, "done", None, "n1"))
     assert v == 2 and [x.node for x in db.versions_desc(conn, None)] == [None, None]
     cli = subprocess.run([sys.executable, "-m", "aspen_cgi.cli", "db", "migrate", pg_url, "--json"],
@@ -283,7 +283,7 @@ def test_a_store_one_schema_behind_is_read_and_written_in_its_own_shape_until_it
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout) == [{"repo": os.path.realpath(repo), "before": 10, "after": 11}]
     assert migrate_database_stores(pg_url) == [(os.path.realpath(repo), 11, 11)]
-    assert db.write(conn, lambda c: db.writable_schema(c, os.path.realpath(repo))) is None
+    assert db.write(conn, lambda c: db_postgres.writable_schema(c, os.path.realpath(repo))) is None
     assert db.store_schema(conn) == 11
 
 

@@ -1,4 +1,4 @@
-"""A new store file gets db.SCHEMA in one transaction; it must be what the
+"""A new store file gets db_schema.SCHEMA in one transaction; it must be what the
 numbered migrations make of an empty file, column for column and index for
 index, with the same state rows and user_version."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from aspen_cgi.refstore import db
+from aspen_cgi.refstore import db, db_schema
 
 
 def _shape(conn: sqlite3.Connection) -> dict:
@@ -34,7 +34,7 @@ def test_a_new_file_gets_what_the_migrations_make(tmp_path):
 def test_a_file_with_a_schema_is_migrated_not_created_again(tmp_path):
     path = str(tmp_path / "old.sqlite3")
     old = sqlite3.connect(path, isolation_level=None, factory=db._Connection)
-    db.MIGRATIONS[0](db.schema_tools().Database(old))
+    db_schema.MIGRATIONS[0](db_schema.schema_tools().Database(old))
     old.execute("PRAGMA user_version=1")
     old.execute("INSERT INTO versions(id, kind, at, state) VALUES (1, 'import', 1.0, 'done')")
     old.close()

@@ -1,4 +1,7 @@
-"""Every line of SQL Aspen runs. Nothing else imports sqlite3.
+"""Every query of the ref store, on SQLite and PostgreSQL alike, and its
+transactions; with db_schema.py (the schema and its migrations) and
+db_postgres.py (the database of stores in PostgreSQL), every line of SQL
+Aspen runs. Nothing else imports sqlite3.
 
 The file is in WAL mode; writers take the write lock up front (BEGIN
 IMMEDIATE) and wait for it within a bound, retrying the whole transaction
@@ -34,9 +37,8 @@ from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
 from ..runtime import flocks
 from . import pgconn
+from .db_schema import MIGRATIONS, PG_TABLES, SCHEMA, SCHEMA_VERSION, schema_tools
 
-SCHEMA_VERSION = 11
-READS_FROM = 10          # the oldest schema whose Aspen reads a store at SCHEMA_VERSION (recorded with each store)
 BUSY_MS = 1000           # one statement's wait inside SQLite's busy handler
 RETRY_SECONDS = 120.0    # total patience, unless the caller set its own
 READ_WAIT = 2.0          # a request that only reads refs: then they come from the disk
@@ -92,429 +94,18 @@ def connect(path: str) -> Conn:
     return conn
 
 
-# -- migrations ---------------------------------------------------------------------
-
-def _m1(db) -> None:
-    db.conn.execute("PRAGMA journal_mode=WAL")
-    db["versions"].create({"id": int, "kind": str, "who": str, "at": float, "push_id": str,
-                           "state": str, "owner": str}, pk="id", not_null={"kind", "at", "state"})
-    db["versions"].create_index(["state"])
-    db["updates"].create({"version": int, "ref": str, "old": str, "new": str, "ff": int,
-                          "type": str, "peeled": str}, pk=("ref", "version"),
-                         not_null={"version", "ref", "old", "new", "ff"})
-    db["updates"].create_index(["version"])
-    db["tips"].create({"commit_oid": str, "version": int, "ref": str}, pk=("commit_oid", "version", "ref"))
-    db["introduced"].create({"version": int, "commit_oid": str}, pk=("version", "commit_oid"))
-    db["introduced"].create_index(["commit_oid"])
-    db["refs"].create({"name": str, "oid": str, "symref": str, "type": str, "peeled": str, "version": int},
-                      pk="name")
-    db["segments"].create({"level": int, "idx": int, "lo": int, "hi": int, "refs": int}, pk=("level", "idx"))
-    db["segment_refs"].create({"level": int, "idx": int, "ref": str, "first_old": str, "last_new": str,
-                               "all_ff": int}, pk=("level", "idx", "ref"))
-    db["state"].create({"key": str, "value": str}, pk="key")
+PG_USE_SCHEMA = "SELECT set_config('search_path', %s, false)"   # points a PostgreSQL connection at a store
 
 
-def _m2(db) -> None:
-    """Version packs (issue 5): the stored thin pack of each version, and its boundary."""
-    db["version_packs"].create({"version": int, "name": str, "objects": int, "size": int, "built_at": float,
-                                "window": int, "depth": int, "compression": int}, pk="version")
-    db["boundaries"].create({"version": int, "commit_oid": str}, pk=("version", "commit_oid"))
-
-
-def _m3(db) -> None:
-    """Segment packs (issue 5): one pack per compacted run of versions LO … HI."""
-    db["segment_packs"].create({"lo": int, "hi": int, "name": str, "objects": int, "size": int, "built_at": float,
-                                "window": int, "depth": int, "compression": int}, pk=("lo", "hi"))
-
-
-def _m4(db) -> None:
-    """Commit parents: the planner's walk from a client's haves (the
-    commits each built version introduced, with their parents)."""
-    db["commit_parents"].create({"commit_oid": str, "parents": str}, pk="commit_oid", not_null={"parents"})
-
-
-def _m5(db) -> None:
-    """Committer times beside the parents: whether stock would end an open
-    negotiation round is settled from the store (plancheck.store_ready).
-    Rows recorded before have none (git is asked about those)."""
-    db["commit_parents"].add_column("ctime", int)
-
-
-def _m6(db) -> None:
-    """Push certificates: a signed push's certificate with its version, and
-    what its hooks were told of it (GIT_PUSH_CERT*)."""
-    db["push_certs"].create({"version": int, "blob": str, "signer": str, "key": str, "status": str,
-                             "nonce": str, "nonce_status": str, "nonce_slop": int, "cert": bytes},
-                            pk="version", not_null={"blob", "signer", "key", "status", "nonce_status", "cert"},
-                            if_not_exists=True)   # tests make "older" stores by dropping only their own table
-
-
-def _m7(db) -> None:
-    """The hash chain (model/chain.py): each done version's hash and the
-    previous one's. It starts at the first version after this migration
-    (version 1 of a new store); versions before it are not chained."""
-    db["chain"].create({"version": int, "prev": str, "hash": str, "start": int, "text": str}, pk="version",
-                       not_null={"prev", "hash", "start", "text"},
-                       if_not_exists=True)   # tests make "older" stores by setting user_version back
-    latest = db.conn.execute("SELECT coalesce(max(id), 0) FROM versions").fetchone()[0]
-    db.conn.execute("INSERT INTO state(key, value) VALUES ('chain_from', ?) ON CONFLICT DO NOTHING", (str(latest + 1),))
-
-
-def _m8(db) -> None:
-    """The versions whose boundary holds a commit (the planner's rule 4 asks
-    about one commit, not every version a client's haves name)."""
-    db["boundaries"].create_index(["commit_oid"], if_not_exists=True)
-
-
-def _m9(db) -> None:
-    """Each ref's updates that were no fast-forward (its creation, a
-    deletion, a forced move), by version: the planner's rule 2 asks for a
-    ref's latest one up to a version (last_rewind), one row."""
-    db.conn.execute("CREATE INDEX IF NOT EXISTS idx_updates_rewinds ON updates (ref, version) WHERE ff = 0")
-
-
-def _m10(db) -> None:
-    """The packs a replica applies for each version (docs/cluster.md): the
-    pack store's names of the objects a version introduced."""
-    db["replica_packs"].create({"version": int, "name": str}, pk=("version", "name"), if_not_exists=True)
-
-
-def _m11(db) -> None:
-    """Which node took each version (ASPEN_NODE_URL, else the host's name): `aspen log` shows it."""
-    if "node" not in db["versions"].columns_dict:     # tests make "older" stores by setting user_version back
-        db["versions"].add_column("node", str)
-
-
-MIGRATIONS: list[Callable] = [_m1, _m2, _m3, _m4, _m5, _m6, _m7, _m8, _m9, _m10, _m11]
-
-SCHEMA = (     # what MIGRATIONS make of an empty file (tests/test_refstore_schema.py)
-    "CREATE TABLE versions (id INTEGER PRIMARY KEY, kind TEXT NOT NULL, who TEXT, at REAL NOT NULL,"
-    " push_id TEXT, state TEXT NOT NULL, owner TEXT, node TEXT)",
-    "CREATE INDEX idx_versions_state ON versions (state)",
-    "CREATE TABLE updates (version INTEGER NOT NULL, ref TEXT NOT NULL, old TEXT NOT NULL, new TEXT NOT NULL,"
-    " ff INTEGER NOT NULL, type TEXT, peeled TEXT, PRIMARY KEY (ref, version))",
-    "CREATE INDEX idx_updates_version ON updates (version)",
-    "CREATE TABLE tips (commit_oid TEXT, version INTEGER, ref TEXT, PRIMARY KEY (commit_oid, version, ref))",
-    "CREATE TABLE introduced (version INTEGER, commit_oid TEXT, PRIMARY KEY (version, commit_oid))",
-    "CREATE INDEX idx_introduced_commit_oid ON introduced (commit_oid)",
-    "CREATE TABLE refs (name TEXT PRIMARY KEY, oid TEXT, symref TEXT, type TEXT, peeled TEXT, version INTEGER)",
-    "CREATE TABLE segments (level INTEGER, idx INTEGER, lo INTEGER, hi INTEGER, refs INTEGER,"
-    " PRIMARY KEY (level, idx))",
-    "CREATE TABLE segment_refs (level INTEGER, idx INTEGER, ref TEXT, first_old TEXT, last_new TEXT,"
-    " all_ff INTEGER, PRIMARY KEY (level, idx, ref))",
-    "CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT)",
-    'CREATE TABLE version_packs (version INTEGER PRIMARY KEY, name TEXT, objects INTEGER, size INTEGER,'
-    ' built_at REAL, "window" INTEGER, depth INTEGER, compression INTEGER)',
-    "CREATE TABLE boundaries (version INTEGER, commit_oid TEXT, PRIMARY KEY (version, commit_oid))",
-    'CREATE TABLE segment_packs (lo INTEGER, hi INTEGER, name TEXT, objects INTEGER, size INTEGER,'
-    ' built_at REAL, "window" INTEGER, depth INTEGER, compression INTEGER, PRIMARY KEY (lo, hi))',
-    "CREATE TABLE commit_parents (commit_oid TEXT PRIMARY KEY, parents TEXT NOT NULL, ctime INTEGER)",
-    "CREATE TABLE push_certs (version INTEGER PRIMARY KEY, blob TEXT NOT NULL, signer TEXT NOT NULL,"
-    " key TEXT NOT NULL, status TEXT NOT NULL, nonce TEXT, nonce_status TEXT NOT NULL, nonce_slop INTEGER,"
-    " cert BLOB NOT NULL)",
-    "CREATE TABLE chain (version INTEGER PRIMARY KEY, prev TEXT NOT NULL, hash TEXT NOT NULL,"
-    " start INTEGER NOT NULL, text TEXT NOT NULL)",
-    "CREATE INDEX idx_boundaries_commit_oid ON boundaries (commit_oid)",
-    "CREATE INDEX idx_updates_rewinds ON updates (ref, version) WHERE ff = 0",
-    "CREATE TABLE replica_packs (version INTEGER, name TEXT, PRIMARY KEY (version, name))",
-    "INSERT INTO state(key, value) VALUES ('chain_from', '1')",
-)
-
-
-# -- PostgreSQL -------------------------------------------------------------------------
-# One database holds every repository's store, each in a schema of its own
-# (pg_schema(): the same tables as a SQLite file, so every query above and
-# below runs on both), listed in public.aspen_stores. Its types differ:
-# integers are 64-bit as SQLite's, text compares bytewise as SQLite's (the
-# "C" collation), times are double precision. A schema is made at
-# SCHEMA_VERSION, and the list records with it the oldest Aspen that reads it
-# (READS_FROM). Nodes of two releases run side by side while a cluster is
-# upgraded (docs/cluster.md, "Upgrading"): this Aspen reads and writes a store
-# one migration behind in that store's own shape (store_schema(conn)), moves
-# it on (pg_migrate) once every node can read the result, reads a newer store
-# whose READS_FROM it meets, and writes nothing to a store it cannot read.
-
-def _pg_ddl(statement: str) -> str:
-    import re  # startup: only when a PostgreSQL store is made
-    statement = re.sub(r"\bTEXT\b", 'TEXT COLLATE "C"', statement)
-    statement = re.sub(r"\bINTEGER\b", "BIGINT", statement)
-    statement = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
-    return re.sub(r"\bBLOB\b", "BYTEA", statement)
-
-
-PG_TABLES = ("versions", "updates", "tips", "introduced", "refs", "segments", "segment_refs", "state",
-             "version_packs", "boundaries", "segment_packs", "commit_parents", "push_certs", "chain",
-             "replica_packs")
-PG_REGISTRY = ('CREATE TABLE IF NOT EXISTS public.aspen_stores (repo TEXT COLLATE "C" PRIMARY KEY,'
-               ' schema_name TEXT NOT NULL UNIQUE, schema_version INTEGER NOT NULL, made TEXT NOT NULL,'
-               ' created_at DOUBLE PRECISION, reads_from INTEGER)')
-PG_REGISTRY_READS_FROM = "ALTER TABLE public.aspen_stores ADD COLUMN IF NOT EXISTS reads_from INTEGER"
-# Statements moving a store's schema from N to N + 1 (their SQLite twins are MIGRATIONS[N]); a store
-# older than the first is refused.
-PG_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    10: ("ALTER TABLE versions ADD COLUMN IF NOT EXISTS node TEXT",),
-}
-OLDEST_STORE = min(PG_MIGRATIONS)
-PG_USE_SCHEMA = "SELECT set_config('search_path', %s, false)"
-PG_LOCK_REGISTRY = 7_041_729_385_113   # the advisory lock taken while a store's schema is made
-
-
-def pg_schema(repo: str) -> str:
-    """The schema of the store of the repository known as REPO (its path under the project root)."""
-    import hashlib  # startup: only for a PostgreSQL store
-    return "r_" + hashlib.sha1(repo.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-
-
-def _pg_lock_key(schema: str) -> int:
+def pg_lock_key(schema: str) -> int:
     """The advisory lock a store's writers take turns on (64 bits of its schema's name)."""
     import hashlib  # startup: only for a PostgreSQL store
     return int.from_bytes(hashlib.sha1(schema.encode()).digest()[:8], "big", signed=True)
 
 
-def connect_pg(url: str, repo: str, pool_size: int, create: bool, known: Callable[[], Optional[str]],
-               keep: Callable[[str], None], adopt: bool = False,
-               may_migrate: Callable[[], bool] = lambda: True) -> Optional[pgconn.PgConn]:
-    """The store of the repository known as REPO in the database at URL.
-    KNOWN() is the token of its making that the repository's state records
-    (None: none); KEEP(token) records one. A store the repository's state
-    does not record was made for an earlier repository of that name: with
-    CREATE it is dropped and made anew, as a missing one is made; without,
-    None (see _pg_create). ADOPT (a replica, docs/cluster.md): a store the
-    state does not record is the cluster's, and this node's copy follows it.
-    An older store is migrated when MAY_MIGRATE() (every node reads the
-    result), else used in its own shape; see the section's note."""
-    conn = pgconn.PgConn(url, pg_schema(repo), pool_size, PG_USE_SCHEMA)
-    row = _registered(conn, repo)
-    if row is None or row[1] != known():
-        if not create and not (adopt and row is not None):
-            return None
-        _retry(lambda: _pg_create(conn, repo, known, keep, adopt))
-        row = _registered(conn, repo)
-        if row is None:
-            return None
-    at = row[0]
-    if OLDEST_STORE <= at < SCHEMA_VERSION and may_migrate():
-        at = _retry(lambda: pg_migrate(conn, repo))
-    conn.store_schema = at
-    if at < OLDEST_STORE or (at > SCHEMA_VERSION and not (_reads_from(conn, repo) or at) <= SCHEMA_VERSION):
-        raise pgconn.StoreError(f"the store of {repo} is at schema {at}, this Aspen reads {SCHEMA_VERSION}")
-    return conn
-
-
 def store_schema(conn: Conn) -> int:
     """The schema of the store CONN is open on, as last read (a SQLite file is always at SCHEMA_VERSION)."""
     return getattr(conn, "store_schema", 0) or SCHEMA_VERSION
-
-
-def writable_schema(conn: Conn, repo: str) -> Optional[str]:
-    """Inside a write transaction: None when this Aspen may write the store of
-    REPO (its schema read again, and kept for this transaction's statements),
-    else git's error text. A newer Aspen's store is not written: this one
-    may not know what its rows must hold."""
-    if getattr(conn, "dialect", "sqlite") != "postgresql":
-        return None
-    at = pg_store_schema(conn, repo)    # type: ignore[arg-type]
-    if at is None or not OLDEST_STORE <= at <= SCHEMA_VERSION:
-        return f"failed to update ref (the ref log is at schema {at}, this server writes {SCHEMA_VERSION})"
-    conn.store_schema = at      # type: ignore[union-attr]
-    return None
-
-
-def _reads_from(conn: pgconn.PgConn, repo: str) -> Optional[int]:
-    try:
-        row = conn.execute("SELECT reads_from FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
-    except pgconn.StoreError as e:
-        if "UndefinedColumn" not in str(e):     # a list no Aspen that records it has touched
-            raise
-        return None
-    return None if row is None else row[0]
-
-
-def pg_migrate(conn: pgconn.PgConn, repo: str) -> int:
-    """Move the store of REPO to SCHEMA_VERSION, between its writers'
-    transactions (their lock held): the schema it is at now. The writers of
-    an older Aspen read the new schema in their transaction and refuse."""
-    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,)),
-                         ("SELECT pg_advisory_xact_lock(?)", (_pg_lock_key(conn.schema),))])
-    try:
-        conn.execute(PG_REGISTRY_READS_FROM)
-        row = conn.execute("SELECT schema_version FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
-        if row is None or not OLDEST_STORE <= row[0] < SCHEMA_VERSION:
-            conn.commit()
-            return SCHEMA_VERSION if row is None else row[0]
-        for n in range(row[0], SCHEMA_VERSION):
-            for statement in PG_MIGRATIONS[n]:
-                conn.execute(_pg_ddl(statement))
-        conn.execute("UPDATE public.aspen_stores SET schema_version = ?, reads_from = ? WHERE repo = ?",
-                     (SCHEMA_VERSION, READS_FROM, repo))
-        conn.commit()
-        return SCHEMA_VERSION
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def _registered(conn: pgconn.PgConn, repo: str) -> Optional[tuple]:
-    def ask() -> Optional[tuple]:
-        try:
-            return conn.execute("SELECT schema_version, made FROM public.aspen_stores WHERE repo = ?",
-                                (repo,)).fetchone()
-        except pgconn.StoreError as e:
-            if "UndefinedTable" not in str(e):
-                raise
-            pg_init(conn)
-            return None
-    return _retry(ask)
-
-
-def pg_init(conn: pgconn.PgConn) -> None:
-    """The database's list of stores (`aspen db init`; made by a first store too)."""
-    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
-    try:
-        conn.execute(PG_REGISTRY)
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def _pg_create(conn: pgconn.PgConn, repo: str, known: Callable[[], Optional[str]],
-               keep: Callable[[str], None], adopt: bool = False) -> None:
-    """Under the registry's lock, as the repository's state records it then
-    (KNOWN()): a store it records is kept; one it records no token for was
-    an earlier repository's and is dropped; one it records another token
-    for is adopted (its history is mended by the next sync); a missing one is
-    made. The token is recorded (KEEP) before the commit, so that another
-    process deciding next under the lock sees it."""
-    import uuid  # startup: only when a PostgreSQL store is made
-    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
-    try:
-        row = conn.execute("SELECT made FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
-        mine = known()
-        if row is not None and mine is None and not adopt:
-            conn.execute("DELETE FROM public.aspen_stores WHERE repo = ?", (repo,))
-            row = None
-        if row is None:
-            token = uuid.uuid4().hex
-            conn.execute(f"DROP SCHEMA IF EXISTS {conn.schema} CASCADE")   # a replaced or half-made one
-            conn.execute(f"CREATE SCHEMA {conn.schema}")
-            conn.execute(f"SET LOCAL search_path TO {conn.schema}")
-            for statement in SCHEMA:
-                conn.execute(_pg_ddl(statement))
-            conn.execute(PG_REGISTRY_READS_FROM)
-            conn.execute("INSERT INTO public.aspen_stores(repo, schema_name, schema_version, made, created_at,"
-                         " reads_from) VALUES (?, ?, ?, ?, extract(epoch from now()), ?)",
-                         (repo, conn.schema, SCHEMA_VERSION, token, READS_FROM))
-            keep(token)
-        elif row[0] != mine:
-            keep(row[0])
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def pg_store_schema(conn: pgconn.PgConn, repo: str) -> Optional[int]:
-    """The schema version the database's list records for REPO's store (None: no store)."""
-    row = conn.execute("SELECT schema_version FROM public.aspen_stores WHERE repo = ?", (repo,)).fetchone()
-    return None if row is None else row[0]
-
-
-def pg_stores(conn: pgconn.PgConn) -> list[tuple[str, str, int]]:
-    """(repository, schema, schema version) of every store in the database."""
-    return list(conn.execute("SELECT repo, schema_name, schema_version FROM public.aspen_stores ORDER BY repo"))
-
-
-# The cluster's nodes and who holds which pack (refstore/peers.py: packs between nodes, ASPEN_NODE_URL).
-# Tables of the whole database, made when first needed, outside every store's schema version.
-PG_PEERS = ('CREATE TABLE IF NOT EXISTS public.aspen_nodes (node TEXT COLLATE "C" PRIMARY KEY,'
-            ' seen DOUBLE PRECISION NOT NULL)',
-            'CREATE TABLE IF NOT EXISTS public.aspen_pack_holders (store TEXT COLLATE "C", name TEXT COLLATE "C",'
-            ' node TEXT COLLATE "C", at DOUBLE PRECISION NOT NULL, PRIMARY KEY (store, name, node))',
-            # the store schema each node's Aspen writes, as of schema_at: a later `seen` is an older Aspen's
-            # beat (one from before this was recorded, which writes `seen` alone: a node taken back)
-            "ALTER TABLE public.aspen_nodes ADD COLUMN IF NOT EXISTS schema INTEGER",
-            "ALTER TABLE public.aspen_nodes ADD COLUMN IF NOT EXISTS schema_at DOUBLE PRECISION")
-
-
-def pg_peers_init(conn: pgconn.PgConn) -> None:
-    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
-    try:
-        for statement in PG_PEERS:
-            conn.execute(statement)
-        conn.commit()
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def pg_node_seen(conn: pgconn.PgConn, node: str, at: float) -> None:
-    conn.execute("INSERT INTO public.aspen_nodes (node, seen, schema, schema_at) VALUES (?, ?, ?, ?)"
-                 " ON CONFLICT (node) DO UPDATE SET seen = excluded.seen, schema = excluded.schema,"
-                 " schema_at = excluded.schema_at", (node, at, SCHEMA_VERSION, at))
-
-
-def pg_nodes(conn: pgconn.PgConn) -> list[tuple[str, float, int]]:
-    """(node, last seen, the schema its Aspen writes: 0 when its last beat did not say) of every node."""
-    return list(conn.execute("SELECT node, seen, CASE WHEN schema_at >= seen THEN coalesce(schema, 0) ELSE 0 END"
-                             " FROM public.aspen_nodes ORDER BY node"))
-
-
-def pg_pack_holders(conn: pgconn.PgConn, store: str, name: str) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT node FROM public.aspen_pack_holders WHERE store = ? AND name = ?"
-                                       " ORDER BY at DESC", (store, name))]
-
-
-def pg_pack_holders_of(conn: pgconn.PgConn, store: str, names: Sequence[str]) -> dict[str, list[str]]:
-    """pg_pack_holders() of each of NAMES, in one query."""
-    out: dict[str, list[str]] = {}
-    for name, node in conn.execute("SELECT name, node FROM public.aspen_pack_holders WHERE store = ?"
-                                   " AND name = ANY(?) ORDER BY at DESC", (store, list(names))):
-        out.setdefault(name, []).append(node)
-    return out
-
-
-def pg_hold(conn: pgconn.PgConn, store: str, name: str, node: str, at: float) -> None:
-    conn.execute("INSERT INTO public.aspen_pack_holders (store, name, node, at) VALUES (?, ?, ?, ?)"
-                 " ON CONFLICT (store, name, node) DO UPDATE SET at = excluded.at", (store, name, node, at))
-
-
-def pg_unhold(conn: pgconn.PgConn, store: str, name: str, node: str) -> None:
-    conn.execute("DELETE FROM public.aspen_pack_holders WHERE store = ? AND name = ? AND node = ?",
-                 (store, name, node))
-
-
-def pg_drop(conn: pgconn.PgConn, repo: str) -> bool:
-    """Remove the store of the repository known as REPO (False: there was none)."""
-    conn.begin("BEGIN", [("SELECT pg_advisory_xact_lock(?)", (PG_LOCK_REGISTRY,))])
-    try:
-        gone = conn.execute("DELETE FROM public.aspen_stores WHERE repo = ? RETURNING schema_name",
-                            (repo,)).fetchone()
-        if gone:
-            conn.execute(f"DROP SCHEMA IF EXISTS {gone[0]} CASCADE")
-        conn.commit()
-        return gone is not None
-    except BaseException:
-        conn.rollback()
-        raise
-
-
-def schema_tools():
-    """sqlite_utils, imported without numpy: it imports numpy when present
-    (matplotlib brings it) for types Aspen never stores, and that doubled its
-    import (50 ms against 80 to 130 ms here), paid by the first request to a
-    repository without a store. Long-lived processes call this as they
-    start (wsgi.py, resident.py)."""
-    import sys
-    blocked = "numpy" not in sys.modules
-    if blocked:
-        sys.modules["numpy"] = None       # type: ignore[assignment]  # `import numpy` raises ImportError
-    try:
-        import sqlite_utils  # startup: only when a schema is created or moved
-    finally:
-        if blocked and sys.modules.get("numpy", 0) is None:
-            del sys.modules["numpy"]
-    return sqlite_utils
 
 
 def _create(conn: Conn) -> bool:
@@ -654,7 +245,7 @@ def _pg_write_once(conn: pgconn.PgConn, fn: Callable[[Conn], T], deadline: float
     wait past it is Retryable, and then Busy)."""
     ms = max(1, int((deadline - time.monotonic()) * 1000))
     conn.begin("BEGIN", [("SELECT set_config('lock_timeout', ?, true)", (f"{ms}ms",)),
-                         ("SELECT pg_advisory_xact_lock(?)", (_pg_lock_key(conn.schema),))])
+                         ("SELECT pg_advisory_xact_lock(?)", (pg_lock_key(conn.schema),))])
     try:
         out = fn(conn)        # type: ignore[arg-type]
         conn.commit()
@@ -1142,25 +733,7 @@ def versions_without_pack(conn: Conn, limit: int) -> list[int]:
         " ORDER BY id LIMIT ?", (limit,))]
 
 
-def pg_unbuilt_count(url: str, repo: str) -> Optional[int]:
-    """unbuilt_count() of the store of the repository known as REPO in the
-    database at URL, waiting at most 200 ms; None when it cannot be read."""
-    conn = pgconn.PgConn(url, pg_schema(repo), 1, PG_USE_SCHEMA)
-    try:
-        with patience(0.2):
-            return _retry(lambda: conn.execute(_UNBUILT).fetchone()[0])
-    except (Error, Busy):
-        return None
-
-
-def pg_known(url: str, repo: str) -> bool:
-    """Whether the database at URL has a store for the repository known as REPO."""
-    conn = pgconn.PgConn(url, "public", 1, PG_USE_SCHEMA)
-    with patience(READ_WAIT):
-        return _registered(conn, repo) is not None
-
-
-_UNBUILT = "SELECT count(*) FROM versions WHERE state = 'done' AND id NOT IN (SELECT version FROM version_packs)"
+UNBUILT = "SELECT count(*) FROM versions WHERE state = 'done' AND id NOT IN (SELECT version FROM version_packs)"
 
 
 def unbuilt_count(path: str) -> Optional[int]:
@@ -1175,7 +748,7 @@ def unbuilt_count(path: str) -> Optional[int]:
     except sqlite3.Error:
         return None
     try:
-        return conn.execute(_UNBUILT).fetchone()[0]
+        return conn.execute(UNBUILT).fetchone()[0]
     except sqlite3.Error:
         return None
     finally:

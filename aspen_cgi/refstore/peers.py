@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Optional
 from urllib.parse import quote, urlsplit
 
 from .. import settings
-from . import db
+from . import db, db_postgres
 from .packstore import fsync_dir
 
 HEADER = "X-Aspen-Node"
@@ -83,7 +83,7 @@ def signer(s: settings.Settings, header: Optional[str], method: str, path: str) 
 def _conn(s: settings.Settings):
     conn = db.pgconn.PgConn(s.refstore_url, "public", 1, db.PG_USE_SCHEMA)
     if s.refstore_url not in _ready:
-        db.retry(lambda: db.pg_peers_init(conn))
+        db.retry(lambda: db_postgres.pg_peers_init(conn))
         _ready.add(s.refstore_url)
     return conn
 
@@ -97,7 +97,7 @@ def here(s: settings.Settings) -> None:
             return
         _seen[key] = now
     conn = _conn(s)
-    db.retry(lambda: db.pg_node_seen(conn, s.node_url, now))
+    db.retry(lambda: db_postgres.pg_node_seen(conn, s.node_url, now))
 
 
 def heartbeat(s: settings.Settings) -> None:
@@ -120,7 +120,7 @@ def nodes(s: settings.Settings) -> list[str]:
     here(s)
     conn = _conn(s)
     now = time.time()
-    return [n for n, seen, _ in db.retry(lambda: db.pg_nodes(conn)) if now - seen < GONE_S or n == s.node_url]
+    return [n for n, seen, _ in db.retry(lambda: db_postgres.pg_nodes(conn)) if now - seen < GONE_S or n == s.node_url]
 
 
 def all_read(s: settings.Settings, schema: int) -> bool:
@@ -128,23 +128,23 @@ def all_read(s: settings.Settings, schema: int) -> bool:
     here(s)
     conn = _conn(s)
     now = time.time()
-    return all(at >= schema for n, seen, at in db.retry(lambda: db.pg_nodes(conn)) if now - seen < GONE_S)
+    return all(at >= schema for n, seen, at in db.retry(lambda: db_postgres.pg_nodes(conn)) if now - seen < GONE_S)
 
 
 def holders(s: settings.Settings, schema: str, name: str) -> list[str]:
     conn = _conn(s)
-    return db.retry(lambda: db.pg_pack_holders(conn, schema, name))
+    return db.retry(lambda: db_postgres.pg_pack_holders(conn, schema, name))
 
 
 def hold(s: settings.Settings, schema: str, name: str, node: Optional[str] = None) -> None:
     """Record that NODE (this one) keeps SCHEMA's pack NAME on its disk."""
     conn = _conn(s)
-    db.retry(lambda: db.pg_hold(conn, schema, name, node or s.node_url, time.time()))
+    db.retry(lambda: db_postgres.pg_hold(conn, schema, name, node or s.node_url, time.time()))
 
 
 def _unhold(s: settings.Settings, schema: str, name: str, node: str) -> None:
     conn = _conn(s)
-    db.retry(lambda: db.pg_unhold(conn, schema, name, node))
+    db.retry(lambda: db_postgres.pg_unhold(conn, schema, name, node))
 
 
 # -- checking and keeping a pack -------------------------------------------------------------------
@@ -326,7 +326,7 @@ def fetch_many(s: settings.Settings, schema: str, names: list[str], directory: s
     """fetch() each of NAMES, FETCHES_AT_ONCE at a time, their holders read in one query."""
     from concurrent.futures import ThreadPoolExecutor  # startup: a catch-up's only
     conn = _conn(s)
-    recorded = db.retry(lambda: db.pg_pack_holders_of(conn, schema, names))
+    recorded = db.retry(lambda: db_postgres.pg_pack_holders_of(conn, schema, names))
     known = nodes(s)
     with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="aspen-peer-fetch") as pool:
         list(pool.map(lambda n: fetch(s, schema, n, directory, recorded.get(n, []), known), names))

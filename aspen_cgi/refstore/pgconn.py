@@ -5,7 +5,7 @@ engine: `PgConn.execute()` turns `?` into psycopg's `%s` (once per
 statement text) and returns the rows at once, as a small cursor. The SQL
 itself, and what differs between the two dialects, stays in db.py.
 
-Every repository's store is one schema of one database (`db.pg_schema()`),
+Every repository's store is one schema of one database (`db_postgres.pg_schema()`),
 so a store's statements name its tables as the SQLite file does. A
 connection is borrowed from the process's pool (psycopg_pool, one per URL
 and process, re-made after a fork) for one statement outside a transaction,

@@ -48,7 +48,7 @@ from ..model.versions import (
 )
 from ..runtime.owners import fault, owner_alive, owner_id
 from ..runtime.statedir import state_dir
-from . import chaining, db, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
+from . import chaining, db, db_postgres, db_schema, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
 from .packstore import PackStore
 
 DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
@@ -139,7 +139,7 @@ def pack_root(env: Mapping[str, str]) -> str:
 
 def push_pack_store(gitdir: str, env: Mapping[str, str]) -> PackStore:
     """The repository's directory in the pack store, without opening its store."""
-    return PackStore(pack_root(env), db.pg_schema(repo_key(gitdir, env)))
+    return PackStore(pack_root(env), db_postgres.pg_schema(repo_key(gitdir, env)))
 
 
 def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
@@ -156,7 +156,7 @@ def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
         if os.path.lexists(cand):
             continue
         try:
-            if not db.pg_known(s.refstore_url, repo_key(cand, env)):
+            if not db_postgres.pg_known(s.refstore_url, repo_key(cand, env)):
                 continue
             os.makedirs(os.path.dirname(cand), exist_ok=True)
         except (OSError, db.Error, db.Busy):
@@ -206,8 +206,8 @@ def database_stores(url: str, init: bool = False) -> list[tuple[str, str, int]]:
     database at URL; INIT: make its list of stores first (`aspen db init`)."""
     conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
     if init:
-        db.retry(lambda: db.pg_init(conn))
-    return db.retry(lambda: db.pg_stores(conn))
+        db.retry(lambda: db_postgres.pg_init(conn))
+    return db.retry(lambda: db_postgres.pg_stores(conn))
 
 
 def migrate_database_stores(url: str, progress: Optional[Callable[[int, int], None]] = None
@@ -216,13 +216,13 @@ def migrate_database_stores(url: str, progress: Optional[Callable[[int, int], No
     Aspen's schema (`aspen db migrate`): (repository, schema before, after)
     of each. PROGRESS(done, total) after each store."""
     listing = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
-    stores = db.retry(lambda: db.pg_stores(listing))
+    stores = db.retry(lambda: db_postgres.pg_stores(listing))
     out = []
     for i, (repo, schema, before) in enumerate(stores):
         after = before
-        if db.OLDEST_STORE <= before < db.SCHEMA_VERSION:
+        if db_schema.OLDEST_STORE <= before < db.SCHEMA_VERSION:
             conn = db.pgconn.PgConn(url, schema, 1, db.PG_USE_SCHEMA)
-            after = db.retry(lambda: db.pg_migrate(conn, repo))
+            after = db.retry(lambda: db_postgres.pg_migrate(conn, repo))
         out.append((repo, before, after))
         if progress is not None:
             progress(i + 1, len(stores))
@@ -233,7 +233,7 @@ def migrate_database_stores(url: str, progress: Optional[Callable[[int, int], No
 def drop_database_store(url: str, repo: str) -> bool:
     """Remove the store of the repository known as REPO (`aspen db drop`); False: there was none."""
     conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
-    gone = db.retry(lambda: db.pg_drop(conn, repo))
+    gone = db.retry(lambda: db_postgres.pg_drop(conn, repo))
     forget_pg_stores()
     return gone
 
@@ -257,7 +257,7 @@ def unbuilt_count(path: str, url: Optional[str]) -> Optional[int]:
     (PostgreSQL's, in the database at URL) is PATH."""
     if path.endswith(PG_RECORD):
         named = read_record(path)[0]
-        return db.pg_unbuilt_count(url, named) if url and named else None
+        return db_postgres.pg_unbuilt_count(url, named) if url and named else None
     return db.unbuilt_count(path)
 
 
@@ -267,7 +267,7 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
     borrows the process's pool's for each statement or transaction). RECORD
     (in the repository's state) names the store, as first opened, and the
     token of its making: a store in the database that the repository's
-    state does not record was an earlier repository's (db.connect_pg). A
+    state does not record was an earlier repository's (db_postgres.connect_pg). A
     record naming another repository came with a copy of that one's files."""
     conns = getattr(_local, "pg", None)
     if conns is None or getattr(_local, "pg_pid", None) != (os.getpid(), _pg_generation):
@@ -290,7 +290,7 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
         os.replace(tmp, record)
 
     s = settings.of(env)
-    conn = db.connect_pg(url, key, pool_size, create, known, keep, adopt=replica_mode(s),
+    conn = db_postgres.connect_pg(url, key, pool_size, create, known, keep, adopt=replica_mode(s),
                          may_migrate=lambda: may_migrate(s))
     if conn is None:
         return None
@@ -473,7 +473,7 @@ class RefStore:
             return
         _migrate_checked[self.path] = now
         if may_migrate(settings.of(self.env)):
-            self.conn.store_schema = db.retry(lambda: db.pg_migrate(self.conn, repo_key(self.gitdir, self.env)))
+            self.conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(self.conn, repo_key(self.gitdir, self.env)))
 
     def _made(self) -> str:
         """The token of the making of this PostgreSQL store, as the state records it."""
@@ -850,7 +850,7 @@ class RefStore:
 
     def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                         tried: list[tuple[str, int]]) -> "int | str":
-        refused = db.writable_schema(conn, repo_key(self.gitdir, self.env))
+        refused = db_postgres.writable_schema(conn, repo_key(self.gitdir, self.env))
         if refused:     # a newer Aspen's node moved it on: write nothing it may not read
             return refused
         current = db.refs_named(conn, [c.ref for c in changes])
