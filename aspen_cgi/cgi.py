@@ -129,7 +129,7 @@ def _replayed(env, body: bytes, started: float, config) -> bool:
     hit.apply_effects()
     if config.metrics:
         from .runtime import metrics  # startup
-        metrics.count(metrics.prepare(env), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
+        metrics.count(metrics.prepare(config), env.get("REQUEST_METHOD", "-"), 200, hit.length, trace)
     from .http.accesslog import line  # startup
     if config.access_log:
         sys.stderr.write(line(env.get("REQUEST_METHOD", "-"), env.get("PATH_INFO", ""), 200, hit.length,

@@ -32,9 +32,8 @@ def _open(repo: str):
     if not os.path.isfile(os.path.join(gitdir, "HEAD")):
         raise SystemExit(f"aspen: not a git repository: {repo}")
     gitdir = os.path.abspath(gitdir)
-    env = dict(os.environ)
-    env["GIT_DIR"] = gitdir
-    store = RefStore.open(gitdir, env)
+    from .runtime.repository import Repository  # startup
+    store = RefStore.open(Repository.of(gitdir, dict(os.environ, GIT_DIR=gitdir)))
     if store is None:
         raise SystemExit(f"aspen: cannot keep a ref store for {repo} (read-only? set ASPEN_STATE_DIR)")
     from .refstore import db  # startup
@@ -236,6 +235,7 @@ def _cmd_replica(args: argparse.Namespace) -> int:
     """`aspen replica sync`: bring this node's copies to the log."""
     from .refstore import store as refstore  # startup
     from .runtime.progress import Bar  # startup
+    from .runtime.repository import Repository  # startup
     env = dict(os.environ)
     s = aspen_settings.of(env)
     if not refstore.replica_mode(s):
@@ -260,13 +260,14 @@ def _cmd_replica(args: argparse.Namespace) -> int:
     failed = 0
     for path in paths:
         path = os.path.abspath(path)
-        made = not os.path.exists(os.path.join(path, "HEAD")) and refstore.materialize(path, env)
+        served = Repository.of(path, dict(env, GIT_DIR=path))
+        made = not os.path.exists(os.path.join(path, "HEAD")) and refstore.materialize(path, served)
         if not os.path.isfile(os.path.join(path, "HEAD")):
             print(f"aspen replica sync: {path}: not a repository here, and the log knows none there",
                   file=sys.stderr)
             failed += 1
             continue
-        store = refstore.RefStore.open(path, dict(env, GIT_DIR=path))
+        store = refstore.RefStore.open(served)
         if store is None:
             print(f"aspen replica sync: {path}: its store cannot be opened", file=sys.stderr)
             failed += 1
@@ -395,11 +396,11 @@ def _import_background(args: argparse.Namespace) -> int:
     from .git import gitexec  # startup
     gitexec.run_as_background()
     gitdir = os.path.abspath(args.repo)
-    env = dict(os.environ)
-    env["GIT_DIR"] = gitdir
-    guard = RepoGuard.take(gitdir, state_dir(gitdir, aspen_settings.of(env)))
+    from .runtime.repository import Repository  # startup
+    repo = Repository.of(gitdir, dict(os.environ, GIT_DIR=gitdir))
+    guard = RepoGuard.take(gitdir, state_dir(gitdir, repo.settings))
     try:
-        store = open_store(gitdir, env, guard) if guard is not None else None   # never makes a deleted one's dir
+        store = open_store(repo, guard) if guard is not None else None   # never makes a deleted one's dir
     except RepositoryGone:
         guard = None
     if guard is None:
@@ -654,11 +655,12 @@ def _rewind(args: argparse.Namespace, store, kind: str, make, through: int, push
     """Make an undo or restore version (push/undo.py) and say what it did."""
     from .model.versions import VersionMeta  # startup
     from .push import undo as rewind  # startup
+    from .runtime.repository import Repository  # startup
     from .service import child_env  # startup
     t0 = time.monotonic()
     try:
         changes = make()
-        done = rewind.apply(store, store.gitdir, child_env(dict(os.environ), store.gitdir), changes,
+        done = rewind.apply(store, Repository.of(store.gitdir, child_env(dict(os.environ), store.gitdir)), changes,
                             VersionMeta(kind=kind, who=_who(), push_id=push_id), through)
     except rewind.Refused as e:
         if args.json:

@@ -428,9 +428,10 @@ def _store_findings(repo: str, s, c: Checkup) -> list[Finding]:
     from .git.reader import read_refs  # startup
     from .refstore import db  # startup
     from .refstore.store import RefStore, unbuilt_count  # startup
+    from .runtime.repository import Repository  # startup
     env = dict(c.env, GIT_DIR=repo)
     try:
-        store = RefStore.open(repo, env, create=False)
+        store = RefStore.open(Repository.of(repo, env), create=False)
         if store is None:
             return [Finding(NOTE, "store", f"{repo}: no ref store yet (its first request makes it)")]
         stored = {r.name: r.oid for r in store.snapshot().refs}

@@ -7,12 +7,14 @@ http/backend.py builds a ServiceContext per request; pre-warm
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from .git import gitexec
 from .git.repoconfig import ConfigError, RepoConfig
 from .model.trace import Trace
+from .runtime.repository import Repository
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -64,10 +66,19 @@ class ServiceContext:
     after_answer: list = field(default_factory=list)   # run once the answer is sent (a build it must not slow)
     _store: object = field(default=None, repr=False)
     _store_opened: bool = field(default=False, repr=False)
+    _repository: Optional[Repository] = field(default=None, repr=False)
 
     @property
     def gitdir(self) -> str:
         return self.repo.gitdir
+
+    @property
+    def repository(self) -> Repository:
+        """The repository as storage and packs see it (runtime/repository.py): made once, here."""
+        if self._repository is None:
+            root = self.env.get("GIT_PROJECT_ROOT") or os.environ.get("GIT_PROJECT_ROOT") or None
+            self._repository = Repository(self.gitdir, self.settings, self.env, root)
+        return self._repository
 
     @property
     def protocol_version(self) -> int:
@@ -82,7 +93,7 @@ class ServiceContext:
         if not self._store_opened:
             self._store_opened = True
             from .refstore import snapshots as refview  # startup: sqlite3 only where refs are read
-            self._store = refview.open_store(self.gitdir, self.env, self.log)
+            self._store = refview.open_store(self.repository, self.log)
             self.trace["version"] = self._store.version if self._store is not None else "-"
         return self._store
 
@@ -90,7 +101,7 @@ class ServiceContext:
         from .refstore import snapshots as refview  # startup
         if self.pinned is not None:
             return self.refstore().snapshot_at(self.pinned, namespace)
-        return refview.snapshot(self.refstore(), self.gitdir, self.env, namespace)
+        return refview.snapshot(self.refstore(), self.repository, namespace)
 
     def pin_to(self, pin) -> None:
         """Read the repository as PIN (model/pin.Pin) names it from now on;

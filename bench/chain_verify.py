@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aspen_cgi.refstore import chaining, db
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from .progress import Progress
 
@@ -59,7 +60,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         repo = _repo(Path(tmp))
         env = dict(os.environ, GIT_DIR=str(repo))
-        store = RefStore.open(str(repo), env)
+        store = RefStore.open(Repository.of(str(repo), env))
         store.sync()
         with_chain, without = [], []
         progress = Progress(args.versions, "versions")

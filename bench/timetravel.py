@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from aspen_cgi.runtime.repository import Repository
+
 from . import repogen
 from .progress import Progress
 from .targets import start_target
@@ -46,13 +48,13 @@ def _git(*args: str, cwd: Path | None = None) -> str:
 
 def _latest(repo: Path) -> int:
     from aspen_cgi.refstore.store import RefStore
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     return store.latest()
 
 
 def _wait_built(repo: Path, timeout: float = 1800) -> None:
     from aspen_cgi.refstore.store import RefStore
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     deadline = time.monotonic() + timeout
     while not store.all_packs_built():
         if time.monotonic() > deadline:

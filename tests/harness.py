@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from aspen_cgi import settings
+from aspen_cgi.runtime.repository import Repository
 
 if TYPE_CHECKING:
     from . import netns
@@ -426,7 +427,7 @@ def git_dirs(root: Path) -> list[Path]:
 
 def _verify_one(gitdir: Path, env: dict) -> list[str]:
     from aspen_cgi.refstore.store import RefStore
-    store = RefStore.open(str(gitdir), env, create=False)
+    store = RefStore.open(Repository.of(str(gitdir), env), create=False)
     if store is None:
         return []
     try:
@@ -513,7 +514,7 @@ def wait_packs_built(repo: Path, timeout: float = 120) -> None:
     why=not-built), and under load another build may hold the machine's
     build slot longer: a test that expects a plan waits for this first."""
     from aspen_cgi.refstore.store import RefStore
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     deadline = time.monotonic() + timeout
     while not store.all_packs_built():
         assert time.monotonic() < deadline, f"version packs of {repo} not built in {timeout} s"

@@ -36,6 +36,7 @@ import pytest
 from aspen_cgi import settings
 from aspen_cgi.packs import background, builder
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -105,7 +106,7 @@ def in_thread(fn):
 
 def fully_built(repo: Path, env: dict) -> bool:
     def look() -> bool:
-        store = RefStore.open(str(repo), dict(env, GIT_DIR=str(repo)), create=False)
+        store = RefStore.open(Repository.of(str(repo), dict(env, GIT_DIR=str(repo))), create=False)
         return store is not None and store.all_packs_built() and not builder.segments_to_build(store)
     return in_thread(look)
 
@@ -225,7 +226,7 @@ def test_a_detached_builder_stops_and_leaves_nothing_when_its_repository_is_dele
     env = env_for(tmp_path)
     record(repo, env)
     packs = repo / "aspen" / "packs"
-    assert background.kick(str(repo), str(packs), env)          # what a CGI push does: a detached builder
+    assert background.kick(Repository.of(str(repo), env), str(packs))          # what a CGI push does: a detached builder
     lock = packs / background.LOCK
     assert wait_for(lambda: lock.exists() and lock.read_text().strip(), 20)
     builder = background.holder_pid(lock.read_text().strip())
@@ -251,7 +252,7 @@ def test_a_server_thread_builder_stops_and_leaves_nothing_when_its_repository_is
     packs = repo / "aspen" / "packs"
     monkeypatch.setattr(background, "IN_PROCESS", True)      # what gunicorn and mod_wsgi workers do
     before = {t.ident for t in threading.enumerate()}
-    assert background.kick(str(repo), str(packs), env)
+    assert background.kick(Repository.of(str(repo), env), str(packs))
     builder = [t for t in threading.enumerate() if t.ident not in before and t.name == "aspen-packs"]
     assert len(builder) == 1
     gits = wait_for(lambda: build_gits(repo), 30)
@@ -341,7 +342,7 @@ def test_at_most_builds_per_server_builds_run_at_once(tmp_path, limit):
     for r in repos:
         record(r, env)
     for r in repos:                                        # three pushes' builders, at once
-        assert background.kick(str(r), str(r / "aspen" / "packs"), env)
+        assert background.kick(Repository.of(str(r), env), str(r / "aspen" / "packs"))
     seen: dict[int, Proc] = {}
     most = 0
     deadline = time.monotonic() + 180
@@ -384,7 +385,7 @@ def test_build_slots_default_to_half_the_cores_apart_from_live_slots(tmp_path):
 
 def _start_builder(repo: Path, env: dict) -> tuple[int, Proc]:
     packs = repo / "aspen" / "packs"
-    assert background.kick(str(repo), str(packs), env)
+    assert background.kick(Repository.of(str(repo), env), str(packs))
     lock = packs / background.LOCK
     assert wait_for(lambda: lock.exists() and lock.read_text().strip(), 20)
     builder = background.holder_pid(lock.read_text().strip())
@@ -535,7 +536,7 @@ def test_the_import_is_packed_quickly_first_then_widened_in_place(tmp_path):
     record(repo, env)
 
     def run(quick_first: bool):
-        store = RefStore.open(str(repo), dict(env, GIT_DIR=str(repo)), create=False)
+        store = RefStore.open(Repository.of(str(repo), dict(env, GIT_DIR=str(repo))), create=False)
         before = store.settled()[0]
         rep = background.build(store, background.background_search(), quick_first=quick_first)
         return rep, before, store.settled()[0], store.import_window(), store.version_pack(1)[0]
@@ -546,11 +547,11 @@ def test_the_import_is_packed_quickly_first_then_widened_in_place(tmp_path):
     assert quick.objects == objects and quick.name != name and size <= quick.size
     assert (repo / "aspen" / "packs" / f"pack-{quick.name}.pack").exists()     # swept an hour later
     assert before[:2] == after[:2] and before[2] == "" and after[2] == name
-    assert fully_built(repo, env) and background.import_final(RefStore.open(str(repo), dict(env, GIT_DIR=str(repo))))
+    assert fully_built(repo, env) and background.import_final(RefStore.open(Repository.of(str(repo), dict(env, GIT_DIR=str(repo)))))
     h.verify_ok(repo)
     other = big_repo(tmp_path / "other.git", commits=5, files=5)
     res = subprocess.run([ASPEN, "import", str(other)], env=env, capture_output=True, text=True, timeout=200)
     assert res.returncode == 0, res.stderr
     assert "1 version packs built now" in res.stdout and "built again" not in res.stdout, res.stdout
-    store = in_thread(lambda: RefStore.open(str(other), dict(env, GIT_DIR=str(other)), create=False).import_window())
+    store = in_thread(lambda: RefStore.open(Repository.of(str(other), dict(env, GIT_DIR=str(other))), create=False).import_window())
     assert store == 250

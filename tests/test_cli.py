@@ -17,6 +17,7 @@ import pytest
 from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
 from aspen_cgi.refstore import segments
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -266,7 +267,7 @@ def history(repo: Path, n: int) -> tuple[list[str], str]:
     """Versions 2..N written through the store in process: main fast-forwards in
     each (made[i] is its value after version i + 2); `side` is created at
     version 3 (on topic) and force-moved at version 5."""
-    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     assert store.sync() == 1
     cur = h.out("rev-parse", "main", cwd=str(repo))
     topic = h.out("rev-parse", "topic", cwd=str(repo))

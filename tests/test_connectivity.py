@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from aspen_cgi.push import intake
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -99,7 +100,7 @@ def test_pushes_record_what_git_would_have_listed(root, server_factory, tmp_path
     tag = "v1.0"
     assert h.out("cat-file", "-t", tag, cwd=str(repo)) == "tag"
     pk.push(work, "origin", f"refs/tags/{tag}:refs/tags/{tag}-copy")
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     latest = store.latest()
     assert sorted(store.introduced_commits(latest - 1)) == sorted([trunk, merge])
     assert store.introduced_commits(latest) == []

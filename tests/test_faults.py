@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.runtime.repository import Repository
 from bench import faults as F
 
 from . import harness as h
@@ -488,7 +489,7 @@ def test_background_version_pack_build_killed(root, server_factory, tmp_path):
     h.fsck_strict(str(tmp_path / "during"))
     pk.commit(work, "second")
     pk.push(work, "origin", "HEAD:refs/heads/main")
-    store = RefStore.open(str(repo), {}, create=False)
+    store = RefStore.open(Repository.of(str(repo), {}), create=False)
     assert F.wait_for(lambda: (store.sync(), store.all_packs_built())[1], 90, 0.2), "packs never built"
     assert F.wait_for(lambda: not list((repo / "aspen" / "packs").glob("build-*")), 30, 0.1), "scratch left"
     print("FAULTS kill -9 git pack-objects (version-pack build): 1; all packs built by the next push's builder")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.runtime.repository import Repository
+
 from . import harness as h
 
 
@@ -94,7 +96,7 @@ def _store_in_a_thread(root: Path, before_release=lambda store: None) -> sqlite3
     seen = {}
 
     def builder():
-        s = refstore.RefStore.open(str(root / "repo.git"), h.BASE_ENV)
+        s = refstore.RefStore.open(Repository.of(str(root / "repo.git"), h.BASE_ENV))
         s.sync()
         seen["conn"] = s.conn
         before_release(s)

@@ -13,6 +13,7 @@ from pathlib import Path
 from aspen_cgi.fetch.history import StoreHistory
 from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 
@@ -24,7 +25,7 @@ def _commit(repo: Path, message: str, *parents: str) -> str:
 
 
 def _store(repo: Path) -> RefStore:
-    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     assert store is not None
     return store
 

@@ -126,6 +126,42 @@ def test_import_contracts_hold():
     assert "Contracts: 3 kept, 0 broken." in res.stdout
 
 
+BELOW_THE_SERVICES = ("refstore", "packs", "cache", "planner")   # storage, packs, the cache, the planner
+
+
+def environ_reached(source: str) -> list[str]:
+    """Where SOURCE's functions take a request's environment (a parameter named
+    env or environ) or read the process's (os.environ, os.getenv)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+                if a is not None and a.arg in ("env", "environ"):
+                    out.append(f"line {node.lineno}: {getattr(node, 'name', 'lambda')}({a.arg})")
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
+                isinstance(node.value, ast.Name) and node.value.id == "os":
+            out.append(f"line {node.lineno}: os.{node.attr}")
+    return out
+
+
+def test_the_environment_stops_at_the_service_layer():
+    """Storage, packs, the cache and the planner receive typed values
+    (runtime/repository.Repository: the repository, its settings, its git
+    children's environment), never a request's environment nor the process's."""
+    found = {f"{p.relative_to(ROOT)} {where}"
+             for d in BELOW_THE_SERVICES for p in sorted((PACKAGE / d).rglob("*.py"))
+             for where in environ_reached(p.read_text())}
+    assert len(list((PACKAGE / "refstore").glob("*.py"))) > 10
+    assert found == set()
+
+
+def test_the_environment_check_finds_a_parameter_and_a_read():
+    assert environ_reached("def f(gitdir, env):\n    return gitdir\n") == ["line 1: f(env)"]
+    assert environ_reached("import os\nx = os.environ.get('GIT_DIR')\n") == ["line 2: os.environ"]
+    assert environ_reached("def f(repo):\n    return repo.git_env\n") == []
+
+
 def test_no_undefined_name_in_the_package():
     """A name used and never bound (a rename half done) fails here, not in the one request that reaches it."""
     res = subprocess.run([sys.executable, "-m", "pyflakes", "aspen_cgi"], cwd=ROOT, capture_output=True, text=True,

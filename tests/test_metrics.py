@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 
 from aspen_cgi import settings
+from aspen_cgi import settings as aspen_settings
 from aspen_cgi.http import backend
 from aspen_cgi.packs import background
 from aspen_cgi.runtime import admission, metrics
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -169,7 +171,7 @@ def scenario(tmp_path_factory):
         _, out["held_build"] = scrape(server.url)
         lock.release()
         build.release()
-        background.kick(str(repo), str(packs), {**os.environ, **env})
+        background.kick(Repository.of(str(repo), {**os.environ, **env}), str(packs))
         h.wait_packs_built(repo)
         h.git("fetch", "-q", "origin", cwd=str(b))
 
@@ -439,10 +441,10 @@ def test_the_directory_is_made_as_admission_makes_the_run_directory(tmp_path):
     old = os.umask(0o022)
     try:
         run = tmp_path / "run"
-        assert metrics.prepare({"ASPEN_RUN_DIR": str(run)}) == str(run / "metrics")
+        assert metrics.prepare(aspen_settings.of({"ASPEN_RUN_DIR": str(run)})) == str(run / "metrics")
         assert (run / "metrics").is_dir() and run.stat().st_mode & 0o7777 == 0o1755
         state = tmp_path / "state"
-        assert metrics.prepare({"ASPEN_STATE_DIR": str(state), "ASPEN_RUN_DIR": str(run)}) == str(state / "metrics")
+        assert metrics.prepare(aspen_settings.of({"ASPEN_STATE_DIR": str(state), "ASPEN_RUN_DIR": str(run)})) == str(state / "metrics")
         assert (state / "metrics").is_dir() and state.stat().st_mode & 0o7777 == 0o755
     finally:
         os.umask(old)

@@ -21,6 +21,7 @@ from aspen_cgi.packs import builder
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -29,7 +30,7 @@ CAPS = ["multi_ack_detailed", "thin-pack", "side-band-64k", "ofs-delta", "agent=
 
 
 def _built(repo: Path) -> RefStore:
-    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     store.sync()
     builder.build_packs(store)
     return store

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.runtime.repository import Repository
+
 from . import harness as h
 from . import pushkit as pk
 
@@ -153,7 +155,7 @@ def test_pushes_build_their_packs_in_the_background(kind, root, server_factory, 
         (work / "n.txt").write_text(f"{i}\n" * 50)
         pk.commit(work, f"n{i}")
         h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
-    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         store.sync()
@@ -417,7 +419,7 @@ def test_a_planned_answer_gives_way_once_the_import_is_packed_wide(root, server_
     h.wait_packs_built(repo)
 
     def look():
-        store = RefStore.open(str(repo), dict(os.environ), create=False)
+        store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
         return store.import_window(), background.import_final(store)
     box: dict = {}
     t = threading.Thread(target=lambda: box.setdefault("v", look()))
@@ -430,7 +432,7 @@ def test_a_planned_answer_gives_way_once_the_import_is_packed_wide(root, server_
     assert "cache=hit entry=planned" in two, two
 
     def widen():
-        store = RefStore.open(str(repo), dict(os.environ), create=False)
+        store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
         return builder.widen_import(store, DeltaSearch()) is not None and background.import_final(store)
     box.clear()
     t = threading.Thread(target=lambda: box.setdefault("v", widen()))

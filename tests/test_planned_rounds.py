@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.runtime.repository import Repository
+
 from . import differential as d
 from . import harness as h
 from . import pushkit as pk
@@ -294,7 +296,7 @@ def test_plancheck_calls_stock_ready_exactly_when_stock_says_ready(branchy):
               ([main], ["1" * 40])]                    # unknown have: no THEY_HAVE at all
     from aspen_cgi.fetch.history import StoreHistory
     from aspen_cgi.refstore.store import RefStore
-    store = RefStore.open(str(branchy.repo), dict(os.environ, GIT_DIR=str(branchy.repo)))
+    store = RefStore.open(Repository.of(str(branchy.repo), dict(os.environ, GIT_DIR=str(branchy.repo))))
     store.sync()
     seen, pruned, from_store = set(), 0, set()
     for wants, haves in rounds:

@@ -18,6 +18,7 @@ from aspen_cgi.packs import builder
 from aspen_cgi.planner.plan import Fallback, Plan, plan
 from aspen_cgi.protocol.requests import FetchRequest
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -26,7 +27,7 @@ CAPS = ["multi_ack_detailed", "thin-pack", "side-band-64k", "ofs-delta", "agent=
 
 
 def _store(repo: Path) -> RefStore:
-    s = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    s = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     s.sync()
     return s
 

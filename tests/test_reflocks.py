@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aspen_cgi.refstore import reflocks
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 
@@ -35,7 +36,7 @@ os.kill(os.getpid(), 9)
 
 def test_a_writer_killed_holding_its_lock_leaves_none_behind(tmp_path):
     repo = h.make_history(tmp_path / "repo.git")
-    store = RefStore.open(str(repo), dict(os.environ))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)))
     store.sync()
     old, new = h.out("rev-parse", "main", cwd=str(repo)), h.out("rev-parse", "main~1", cwd=str(repo))
     p = _killed_writer(repo, old, new)
@@ -43,7 +44,7 @@ def test_a_writer_killed_holding_its_lock_leaves_none_behind(tmp_path):
     lock = repo / "refs" / "heads" / "main.lock"
     assert lock.exists()
     assert not [f for f in (repo / "refs" / "heads").iterdir() if ".aspen-" in f.name]
-    again = RefStore.open(str(repo), dict(os.environ))
+    again = RefStore.open(Repository.of(str(repo), dict(os.environ)))
     again.sync()                      # sweeps the dead writer's claim
     assert not lock.exists()
     h.git("update-ref", "refs/heads/main", new, old, cwd=str(repo))
@@ -65,7 +66,7 @@ def test_a_writer_killed_with_its_side_name_made_leaves_nothing_behind(tmp_path)
     inode: the side name was claimed before it was made, so the next sweep
     removes it."""
     repo = h.make_history(tmp_path / "repo.git")
-    RefStore.open(str(repo), dict(os.environ)).sync()
+    RefStore.open(Repository.of(str(repo), dict(os.environ))).sync()
     script = f"""
 import os
 from aspen_cgi.refstore import reflocks
@@ -80,7 +81,7 @@ os.kill(os.getpid(), 9)
                        cwd=str(Path(__file__).resolve().parent.parent))
     side = Path(p.stdout.decode().strip())
     assert p.returncode == -signal.SIGKILL and side.exists() and ".aspen-" in side.name, p.stderr
-    RefStore.open(str(repo), dict(os.environ)).sync()          # sweeps the dead writer's claim
+    RefStore.open(Repository.of(str(repo), dict(os.environ))).sync()          # sweeps the dead writer's claim
     assert not side.exists()
     assert not [f for f in (repo / "refs" / "heads").iterdir() if ".aspen-" in f.name]
 
@@ -90,7 +91,7 @@ def test_a_claim_line_cut_short_by_a_kill_removes_no_ref(tmp_path):
     ref itself, not its side name) makes the sweep remove nothing of it;
     its whole lines are swept."""
     repo = h.make_history(tmp_path / "repo.git")
-    RefStore.open(str(repo), dict(os.environ)).sync()
+    RefStore.open(Repository.of(str(repo), dict(os.environ))).sync()
     ref = repo / "refs" / "heads" / "main"
     ref.write_text(h.out("rev-parse", "main", cwd=str(repo)) + "\n")        # loose, as git writes it
     side = repo / "refs" / "heads" / "other.aspen-1-2-3.lock"

@@ -24,6 +24,7 @@ from aspen_cgi.model.versions import ZERO, RefChange, VersionMeta
 from aspen_cgi.packs import builder
 from aspen_cgi.refstore import db, segments
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 
@@ -41,7 +42,7 @@ def env_for(gitdir: Path) -> dict:
 
 
 def open_store(gitdir: Path) -> RefStore:
-    store = RefStore.open(str(gitdir), env_for(gitdir))
+    store = RefStore.open(Repository.of(str(gitdir), env_for(gitdir)))
     assert store is not None
     return store
 
@@ -657,9 +658,10 @@ def test_voided_version_leaves_no_tips(tmp_path):
     store.sync()
     code = (f"import os\n"
             f"from aspen_cgi.refstore.store import RefStore\n"
+            f"from aspen_cgi.runtime.repository import Repository\n"
             f"from aspen_cgi.model.versions import RefChange, VersionMeta\n"
             f"env = dict(os.environ, GIT_DIR={str(repo)!r}, ASPEN_FAULT='store-committed')\n"
-            f"s = RefStore.open({str(repo)!r}, env)\n"
+            f"s = RefStore.open(Repository.of({str(repo)!r}, env))\n"
             f"s.sync()\n"
             f"s.commit([RefChange('refs/heads/main', {main!r}, {topic!r})], VersionMeta('push', 'w', "
             f"introduced=({topic!r},)))\n")

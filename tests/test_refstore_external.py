@@ -25,6 +25,7 @@ import pytest
 from aspen_cgi import settings
 from aspen_cgi.refstore import fingerprint
 from aspen_cgi.refstore.store import RefStore, state_dir
+from aspen_cgi.runtime.repository import Repository
 
 from . import differential as d
 from . import harness as h
@@ -331,7 +332,7 @@ def test_change_within_the_same_coarse_timestamp_is_noticed(tmp_path, second):
     newest of them: the request's fingerprint, judged 1.5 s after its newest
     timestamp, is not trusted, where one of fine timestamps would be."""
     repo = pk.enable_push(h.make_history(tmp_path / "repo.git"))
-    store = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     store.sync()
     time.sleep(1 - time.time() % 1)              # at the start of a second: all of it in that second, unless stalled
     h.git("update-ref", "refs/heads/x", "topic", cwd=str(repo))

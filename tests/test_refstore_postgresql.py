@@ -21,6 +21,7 @@ import pytest
 
 from aspen_cgi.refstore import db, db_postgres, db_schema, pgconn
 from aspen_cgi.refstore.store import RefStore, forget_pg_stores
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pgserver
@@ -51,7 +52,7 @@ def _columns_sqlite(conn) -> dict[str, list[str]]:
 
 def test_a_postgresql_store_has_the_sqlite_files_tables_columns_and_indexes(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
-    store = RefStore.open(str(repo), _env(pg_url, repo))
+    store = RefStore.open(Repository.of(str(repo), _env(pg_url, repo)))
     assert store is not None and store.conn.dialect == "postgresql"
     assert store.sync() == 1
     lite = db.connect(str(tmp_path / "fresh.sqlite3"))
@@ -84,7 +85,7 @@ def test_ref_names_sort_bytewise_and_a_non_utf8_name_is_unstorable(tmp_path, pg_
     main = h.out("rev-parse", "main", cwd=str(repo))
     for name in ("a", "B", "é", "a-b", "a.b", "a_b"):
         h.git("update-ref", f"refs/heads/{name}", main, cwd=str(repo))
-    store = RefStore.open(str(repo), _env(pg_url, repo))
+    store = RefStore.open(Repository.of(str(repo), _env(pg_url, repo)))
     store.sync()
     names = [r.name for r in db.all_refs(store.conn)]
     assert names == sorted(names, key=lambda n: n.encode()) and "refs/heads/é" in names
@@ -138,7 +139,7 @@ def test_two_server_processes_pushing_one_ref_at_once_one_wins_and_the_rest_get_
             assert not re.search(r"HTTP 5\d\d|Traceback|internal error", r.stderr), r.stderr
         winner = h.out("rev-parse", "HEAD", cwd=str(works[won[0]]))
         assert h.out("rev-parse", "main", cwd=str(repo)) == winner
-        store = RefStore.open(str(repo), _env(pg_url, repo, GIT_PROJECT_ROOT=str(root)))
+        store = RefStore.open(Repository.of(str(repo), _env(pg_url, repo, GIT_PROJECT_ROOT=str(root))))
         store.sync()
         log = list(store.log())
         assert [v.kind for v in log] == ["push", "import"]
@@ -156,7 +157,7 @@ def test_a_repository_replaced_at_the_same_path_gets_a_new_store(tmp_path, pg_ur
     repository made at that path does not inherit it: its state records no
     store, so the old one is dropped and the new repository imported."""
     repo = h.make_history(tmp_path / "repo.git")
-    store = RefStore.open(str(repo), _env(pg_url, repo))
+    store = RefStore.open(Repository.of(str(repo), _env(pg_url, repo)))
     store.sync()
     topic = h.out("rev-parse", "topic", cwd=str(repo))
     from aspen_cgi.model.versions import RefChange, VersionMeta
@@ -166,7 +167,7 @@ def test_a_repository_replaced_at_the_same_path_gets_a_new_store(tmp_path, pg_ur
     import shutil
     shutil.rmtree(repo)
     h.make_history(repo, commits=2, branches=())
-    again = RefStore.open(str(repo), _env(pg_url, repo))
+    again = RefStore.open(Repository.of(str(repo), _env(pg_url, repo)))
     assert again.sync() == 1
     assert [v.kind for v in again.log()] == ["import"]
     assert {r.name for r in db.all_refs(again.conn)} == set(h.refs_of(str(repo)))
@@ -177,7 +178,7 @@ def test_a_repository_replaced_at_the_same_path_gets_a_new_store(tmp_path, pg_ur
 
 def test_without_create_a_missing_store_is_not_made(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
-    assert RefStore.open(str(repo), _env(pg_url, repo), create=False) is None
+    assert RefStore.open(Repository.of(str(repo), _env(pg_url, repo)), create=False) is None
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
     db_postgres.pg_init(side)
     assert db_postgres.pg_stores(side) == []
@@ -190,10 +191,10 @@ def test_a_store_dropped_while_open_is_made_anew_only_by_a_request(tmp_path, pg_
     from aspen_cgi.refstore.store import drop_database_store
     repo = h.make_history(tmp_path / "repo.git")
     env = _env(pg_url, repo)
-    RefStore.open(str(repo), env).sync()
-    background = RefStore.open(str(repo), env, create=False)
+    RefStore.open(Repository.of(str(repo), env)).sync()
+    background = RefStore.open(Repository.of(str(repo), env), create=False)
     background.sync()
-    request = RefStore.open(str(repo), env)
+    request = RefStore.open(Repository.of(str(repo), env))
     request.sync()
     assert drop_database_store(pg_url, os.path.realpath(repo))
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
@@ -210,7 +211,7 @@ def _token(repo: Path) -> str:
 
 def test_a_store_a_newer_aspen_moved_beyond_this_ones_reading_is_refused(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
-    RefStore.open(str(repo), _env(pg_url, repo)).sync()
+    RefStore.open(Repository.of(str(repo), _env(pg_url, repo))).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
     side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1, reads_from = schema_version + 1")
     forget_pg_stores()
@@ -224,7 +225,7 @@ def test_a_newer_store_this_aspen_can_read_is_read_and_never_written(tmp_path, p
     refs are served from the log, and a write is refused before any row."""
     repo = h.make_history(tmp_path / "repo.git")
     env = _env(pg_url, repo)
-    store = RefStore.open(str(repo), env)
+    store = RefStore.open(Repository.of(str(repo), env))
     store.sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
     side.execute("UPDATE aspen_stores SET schema_version = schema_version + 1, reads_from = ?",
@@ -250,12 +251,12 @@ def _set_back_to_10(side: pgconn.PgConn, schema: str) -> None:
 def test_a_store_one_schema_behind_is_migrated_when_opened_by_a_single_node(tmp_path, pg_url):
     repo = h.make_history(tmp_path / "repo.git")
     env = _env(pg_url, repo)
-    RefStore.open(str(repo), env).sync()
+    RefStore.open(Repository.of(str(repo), env)).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
     schema = db_postgres.pg_schema(os.path.realpath(repo))
     _set_back_to_10(side, schema)
     forget_pg_stores()
-    store = RefStore.open(str(repo), env)
+    store = RefStore.open(Repository.of(str(repo), env))
     assert side.execute("SELECT schema_version, reads_from FROM aspen_stores").fetchone() == (11, db_schema.READS_FROM)
     store.sync()
     v = db.write(store.conn, lambda c: db.insert_version(c, "push", "me", time.time(), None, "done", None, "n1"))
@@ -267,7 +268,7 @@ def test_a_store_one_schema_behind_is_read_and_written_in_its_own_shape_until_it
     writes the store as they do; `aspen db migrate` moves it on, once."""
     from aspen_cgi.refstore.store import migrate_database_stores
     repo = h.make_history(tmp_path / "repo.git")
-    RefStore.open(str(repo), _env(pg_url, repo)).sync()
+    RefStore.open(Repository.of(str(repo), _env(pg_url, repo))).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)
     schema = db_postgres.pg_schema(os.path.realpath(repo))
     _set_back_to_10(side, schema)
@@ -336,7 +337,7 @@ def test_postgresql_away_fetches_are_served_from_the_disk_and_a_push_is_recorded
         finally:
             server.stop()
         assert "Traceback" not in server.log_text()
-        store = RefStore.open(str(repo), _env(url, repo))
+        store = RefStore.open(Repository.of(str(repo), _env(url, repo)))
         store.sync()
         log = list(store.log())
         assert [v.kind for v in log] == ["push", "external", "import"]

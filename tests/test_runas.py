@@ -142,8 +142,9 @@ def test_root_owned_repositories_are_left_to_root(tmp_path):
 PROBE = """
 import sys
 from aspen_cgi.refstore import snapshots
+from aspen_cgi.runtime.repository import Repository
 log = []
-store = snapshots.open_store(sys.argv[1], {"GIT_DIR": sys.argv[1]}, log)
+store = snapshots.open_store(Repository.of(sys.argv[1], {"GIT_DIR": sys.argv[1]}), log)
 print(store is None)
 print("".join(log), end="")
 """

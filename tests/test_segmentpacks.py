@@ -27,6 +27,7 @@ from aspen_cgi.packs import background, builder, segmentpack
 from aspen_cgi.packs.versionpack import scratch_owner
 from aspen_cgi.refstore import db
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -36,7 +37,7 @@ HALF = 20           # `aspen import` after this many steps as well
 
 
 def _store(repo: Path) -> RefStore:
-    s = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    s = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     s.sync()
     return s
 

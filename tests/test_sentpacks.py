@@ -26,6 +26,7 @@ from dulwich.pack import create_delta
 from aspen_cgi.packs import background, thinindex, versionpack
 from aspen_cgi.packs.packfile import PackError, encode_entry_header
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -61,11 +62,11 @@ def test_thinindex_agrees_with_index_pack(tmp_path):
     h.git("push", "-q", "origin", "HEAD:refs/heads/grow", cwd=str(work))
     pack = h.git("pack-objects", "--revs", "--thin", "--stdout", "-q", "--delta-base-offset", cwd=str(repo),
                  input=f"{tip}\n^{base}\n".encode()).stdout
-    index = thinindex.index_thin(pack, versionpack.RepoObjects(str(repo)).raw)
+    index = thinindex.index_thin(pack, versionpack.RepoObjects(Repository.of(str(repo))).raw)
     assert [(oid.hex(), off) for oid, off, _ in sorted(index.entries)] == _git_index(repo, pack)
     assert index.thin_bases                                   # the file's version at the base is a thin base
     with pytest.raises(PackError):
-        thinindex.index_thin(pack[:-1] + bytes([pack[-1] ^ 1]), versionpack.RepoObjects(str(repo)).raw)
+        thinindex.index_thin(pack[:-1] + bytes([pack[-1] ^ 1]), versionpack.RepoObjects(Repository.of(str(repo))).raw)
 
 
 def _settled(store: RefStore, timeout: float = 60) -> None:
@@ -79,7 +80,7 @@ def _settled(store: RefStore, timeout: float = 60) -> None:
 
 
 def _windows(repo: Path) -> dict[int, int]:
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     return dict(store.conn.execute('SELECT version, "window" FROM version_packs'))
 
 
@@ -93,7 +94,7 @@ def test_pushes_leave_the_clients_packs_as_version_packs(root, server_factory, t
     for i in range(3):
         _commit(work, f"f{i}.txt", f"push {i}\n" * 50)
         h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     _settled(store)
     windows = _windows(repo)
     latest = store.latest()
@@ -123,7 +124,7 @@ def test_a_pack_with_objects_the_server_had_is_built_instead(root, server_factor
     h.git("push", "-q", "origin", "HEAD:refs/heads/side", cwd=str(work))
     _commit(other, "more.txt", "more\n" * 30)
     h.git("push", "-q", "origin", "HEAD:refs/heads/more", cwd=str(other))
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     _settled(store)
     assert _windows(repo)[store.latest()] == background.quick_search(versionpack.DeltaSearch()).window == 10
     fresh = tmp_path / "fresh"
@@ -169,7 +170,7 @@ def test_a_delta_base_outside_the_boundarys_trees_is_not_adopted(base_in_boundar
     out = tmp_path / "packs"
     out.mkdir()
     built = versionpack.adopt([c2], versionpack.Boundary((c2,), (c1,)), str(sent), str(out),
-                              versionpack.RepoObjects(str(repo)))
+                              versionpack.RepoObjects(Repository.of(str(repo))))
     if base_in_boundary:
         assert built is not None and built.objects == 3 and not sent.exists()
         client = tmp_path / "client.git"
@@ -220,7 +221,7 @@ def test_the_push_walks_listing_is_its_versions_boundary_when_it_ends_at_ref_val
     assert set(walk.times) == {c3, c4}
     listing = Listing((c4,), walk.commits, walk.objects, walk.times)
     listed = versionpack.boundary_listed(listing, [c4], [c4], {c2})
-    assert listed == versionpack.boundary_of(str(repo), env, [c4], [c4], [c2])
+    assert listed == versionpack.boundary_of(Repository.of(str(repo), env), [c4], [c4], [c2])
     assert sorted(listed.introduced) == sorted([c3, c4]) and listed.commits == (c2,)
     assert versionpack.boundary_listed(listing, [c4], [c4], {c1}) is None     # c2 is no ref value there
     assert versionpack.boundary_listed(listing, [c3], [c3], {c2}) is None     # another version's tips
@@ -228,7 +229,7 @@ def test_the_push_walks_listing_is_its_versions_boundary_when_it_ends_at_ref_val
     sent.write_bytes(pack)
     out = tmp_path / "packs"
     out.mkdir()
-    built = versionpack.adopt([c4], listed, str(sent), str(out), versionpack.RepoObjects(str(repo)),
+    built = versionpack.adopt([c4], listed, str(sent), str(out), versionpack.RepoObjects(Repository.of(str(repo))),
                               listed=listing.objects)
     assert built is not None and built.objects == len(walk.commits) + len(walk.objects)
     client = tmp_path / "client.git"

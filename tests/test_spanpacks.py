@@ -19,6 +19,7 @@ from pathlib import Path
 from aspen_cgi.packs import spanpack
 from aspen_cgi.packs.splice import Extent, plan_splice
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -30,7 +31,7 @@ def _spans(server) -> list[str]:
 
 def _settled(repo: Path) -> RefStore:
     import time
-    store = RefStore.open(str(repo), dict(os.environ), create=False)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         store.sync()
@@ -48,7 +49,7 @@ def _sizes(store: RefStore, versions: list[int], held: str, scratch: Path) -> tu
     spliced = plan_splice(Extent(os.path.join(store.packs_dir, f"pack-{n}.pack"), thin=True) for n in names)
     scratch.mkdir()
     values = [x for v in versions for x in store.version_values(v)]
-    span = spanpack.make(store.gitdir, dict(os.environ), str(scratch), values, [held], 1 << 40)
+    span = spanpack.make(Repository.of(store.gitdir, dict(os.environ)), str(scratch), values, [held], 1 << 40)
     assert span is not None
     return spanpack.key(names), spliced.size, span.size
 
@@ -122,15 +123,15 @@ def test_a_span_pack_completes_a_client_holding_the_proved_commits(tmp_path):
     h.git("push", "-q", "origin", "HEAD:refs/heads/main", cwd=str(work))
     out = tmp_path / "packs"
     out.mkdir()
-    built = spanpack.make(str(repo), dict(os.environ), str(out), [tip], [base], 1 << 20)
+    built = spanpack.make(Repository.of(str(repo), dict(os.environ)), str(out), [tip], [base], 1 << 20)
     listed = h.out("rev-list", "--objects", tip, f"^{base}", cwd=str(repo)).splitlines()
     assert built is not None and built.objects == len(listed)
     h.git("index-pack", "--stdin", "--fix-thin", "--strict", cwd=str(client), input=Path(built.pack).read_bytes())
     h.git("update-ref", "refs/heads/main", tip, cwd=str(client))
     h.fsck_strict(str(client))
-    assert spanpack.make(str(repo), dict(os.environ), str(out), ["0" * 40], [base], 1 << 20) is None
+    assert spanpack.make(Repository.of(str(repo), dict(os.environ)), str(out), ["0" * 40], [base], 1 << 20) is None
     kept = set(os.listdir(out))                                  # no smaller than the splice: neither indexed nor kept
-    assert spanpack.make(str(repo), dict(os.environ), str(out), [tip], [base], built.size) is None
+    assert spanpack.make(Repository.of(str(repo), dict(os.environ)), str(out), [tip], [base], built.size) is None
     assert set(os.listdir(out)) == kept
     spanpack.record(str(out), "k", built.name)
     assert spanpack.recorded(str(out), "k") == built.name

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.runtime.repository import Repository
+
 from . import harness as h
 from . import pushkit as pk
 from .cgiserver import cgi_server_factory  # noqa: F401
@@ -243,7 +245,7 @@ def test_a_time_written_to_the_microsecond_names_the_version_of_that_microsecond
     as a float may fall an ulp short of the stored time: it still names that version."""
     from aspen_cgi.model.pin import PinError, parse
     from aspen_cgi.refstore.store import RefStore
-    store = RefStore.open(str(root / "repo.git"), h.BASE_ENV)
+    store = RefStore.open(Repository.of(str(root / "repo.git"), h.BASE_ENV))
     assert store.sync() == 1
     at = 1796300939.2884321                          # its microsecond read back: 1796300939.288432
     store.conn.execute("UPDATE versions SET at = ? WHERE id = 1", (at,))

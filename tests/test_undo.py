@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from aspen_cgi.runtime.repository import Repository
+
 from . import harness as h
 from . import pushkit as pk
 
@@ -190,14 +192,14 @@ def test_a_push_landing_between_reading_and_writing_makes_the_undo_fail_with_not
     from aspen_cgi.service import child_env
     server, repo, work, out, m = pushed
     env = child_env(dict(_os.environ), str(repo))
-    store = RefStore.open(str(repo), env)
+    store = RefStore.open(Repository.of(str(repo), env))
     store.sync()
     changes = undo.undo_changes(store, m["B"])
     moved = pk.commit(work, "meanwhile")
     h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
     latest = _latest(repo)
     with pytest.raises(undo.Refused, match="a ref moved meanwhile; nothing was changed"):
-        undo.apply(store, str(repo), env, changes, VersionMeta(kind="undo", who="t", push_id=f"undo-{m['B']}"),
+        undo.apply(store, Repository.of(str(repo), env), changes, VersionMeta(kind="undo", who="t", push_id=f"undo-{m['B']}"),
                    m["B"] - 1)
     assert h.refs_of(str(repo))["refs/heads/main"] == moved
     assert _latest(repo) == latest

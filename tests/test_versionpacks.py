@@ -14,6 +14,7 @@ import pytest
 from aspen_cgi.model.versions import ZERO
 from aspen_cgi.packs import builder
 from aspen_cgi.refstore.store import RefStore
+from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
 from . import pushkit as pk
@@ -26,7 +27,7 @@ def server(root: Path, server_factory):
 
 
 def _store(repo: Path) -> RefStore:
-    s = RefStore.open(str(repo), dict(os.environ, GIT_DIR=str(repo)))
+    s = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     s.sync()
     return s
 

@@ -51,7 +51,7 @@ def _refused(status: int, reason: str, msg: str, extra: Optional[list] = None) -
 
 def _version(ctx, store, pin: Optional[Pin]) -> int:
     if pin is None:
-        background.await_built(ctx.gitdir, store, ctx.env)     # starts a builder, waits a little (as a fetch)
+        background.await_built(store)     # starts a builder, waits a little (as a fetch)
         built = store.settled()[1]
         if built < 1:
             raise _refused(503, "Service Unavailable", "the repository's packs are being built; retry later",
@@ -62,7 +62,7 @@ def _version(ctx, store, pin: Optional[Pin]) -> int:
     except PinError as e:
         raise _refused(404, "Not Found", str(e)) from None
     v = ctx.pinned
-    if store.settled()[1] < v and not (background.await_built(ctx.gitdir, store, ctx.env).built
+    if store.settled()[1] < v and not (background.await_built(store).built
                                        or store.settled()[1] >= v):
         raise _refused(503, "Service Unavailable", f"version {v}'s packs are being built; retry later",
                        [("Retry-After", "30")])
@@ -103,7 +103,7 @@ def _write_pack(ctx, store, version: int, values: list[str], whole: bool, out) -
                 splice.close()
             return
     try:
-        reinject.ensure(store, ctx.gitdir, ctx.env, values, version)
+        reinject.ensure(store, ctx.repository, values, version)
     except reinject.ReinjectError as e:
         raise _refused(410, "Gone", f"version {version}'s objects are gone: {e}") from None
     out.flush()

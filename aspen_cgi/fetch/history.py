@@ -22,7 +22,6 @@ import os
 import threading
 from typing import Collection, Optional, Sequence
 
-from .. import settings
 from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer, Visits
 from ..refstore.store import RefStore
 from ..runtime.memo import put_bounded
@@ -73,7 +72,7 @@ def here(store: RefStore, name: str) -> bool:
     """Whether this node has the built pack NAME on its disk: always, but with
     packs between nodes (ASPEN_NODE_URL), where a pack another node built is
     fetched from it in the background and counts as not built meanwhile."""
-    s = settings.of(store.env)
+    s = store.repo.settings
     if not s.node_url or not name:
         return True
     base = os.path.join(store.packs_dir, f"pack-{name}")

@@ -173,7 +173,8 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
                     return done
                 while True:
                     if store is None:
-                        store = open_store(gitdir, env, guard)
+                        from ..runtime.repository import Repository  # startup
+                        store = open_store(Repository.of(gitdir, env), guard)
                         if store is None:
                             return done
                     guard.check()

@@ -450,7 +450,7 @@ def _git_pinned(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     from ..packs import reinject  # startup
     store = ctx.refstore()
     try:
-        back = reinject.ensure(store, ctx.gitdir, ctx.env, req.wants, ctx.pinned)
+        back = reinject.ensure(store, ctx.repository, req.wants, ctx.pinned)
     except reinject.ReinjectError as e:
         ctx.log.append(f"aspen: time travel: {e}\n")
         ctx.trace.update(plan="refused", why="objects-gone")
@@ -522,7 +522,7 @@ def _built(ctx, store) -> bool:
         return ctx.pinned is not None and store.settled()[1] >= ctx.pinned
     if pinned_built():
         return True
-    waited = background.await_built(ctx.gitdir, store, ctx.env, later=ctx.after_answer)
+    waited = background.await_built(store, later=ctx.after_answer)
     if not waited.built or waited.waited:
         ctx.trace["build_wait_ms"] = round(waited.waited * 1000, 1)
     return waited.built or pinned_built()
@@ -695,7 +695,7 @@ def _span(ctx, store, history, result, splice):
     name = spanpack.recorded(store.packs_dir, k)
     if name is None:
         values = [x for v in result.versions for x in history.version_values(v)]
-        built = spanpack.make(ctx.gitdir, ctx.env, store.packs_dir, values, result.held, splice.size)
+        built = spanpack.make(ctx.repository, store.packs_dir, values, result.held, splice.size)
         name = built.name if built is not None else spanpack.SPLICE
         spanpack.record(store.packs_dir, k, name)
         ctx.trace["span"] = "built" if name != spanpack.SPLICE else "spliced"

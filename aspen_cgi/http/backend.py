@@ -87,7 +87,7 @@ def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
     if not settings.of(env).metrics:
         return None
     from ..runtime import metrics  # startup
-    return metrics.prepare(env)
+    return metrics.prepare(settings.of(env))
 
 
 # What an error response's access line keeps of the request it ended: the repository, the
@@ -280,7 +280,8 @@ def _handle(req: Request, seen: dict) -> Response:
             repo, pin = paths.enter_repo(split[0]), split[1]
     if repo is None and pin is None and (settings.of(env).pack_store or settings.of(env).node_url):
         from ..refstore.store import materialize  # startup: replicas only
-        if materialize(m.repo_dir, env):
+        from ..runtime.repository import Repository  # startup: replicas only
+        if materialize(m.repo_dir, Repository.of(m.repo_dir, env)):
             repo = paths.enter_repo(m.repo_dir)     # a replica's copy of a repository the log knows, made now
     if repo is None:
         raise HttpError(404, "Not Found", f"Not a git repository: '{m.repo_dir}'")

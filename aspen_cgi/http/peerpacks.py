@@ -52,7 +52,8 @@ def handle(req: Request, method: str) -> Response:
     node = peers.signer(s, env.get("HTTP_X_ASPEN_NODE"), method, path)
     if node is None:
         raise HttpError(403, "Forbidden", f"a pack request without a good signature: {path}")
-    directory = PackStore(pack_root(env), schema).directory
+    directory = PackStore(pack_root(s, env.get("GIT_PROJECT_ROOT") or os.environ.get("GIT_PROJECT_ROOT")),
+                          schema).directory
     trace = Trace(service="peer-packs")
     if method == "GET":
         try:

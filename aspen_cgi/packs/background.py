@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from .. import settings
 from ..git import gitexec
@@ -72,6 +72,7 @@ from ..refstore.store import release_thread, store_file_name
 from ..runtime.owners import owner_alive, owner_id
 from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon
 from ..runtime.repoguard import identity as _ident
+from ..runtime.repository import Repository
 from ..runtime.statedir import state_dir
 
 LOCK = ".build.lock"              # the version-pack builder's
@@ -180,9 +181,9 @@ class BuildLock:
 IN_PROCESS = False
 
 
-def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
+def kick(repo: Repository, packs_dir: str) -> bool:
     """Start a builder unless one is running; True when started."""
-    config = settings.of(env)
+    config = repo.settings
     if config.version_packs == "off":
         return False
     if config.metrics:                  # its backlog is counted at scrape time from now on
@@ -191,12 +192,12 @@ def kick(gitdir: str, packs_dir: str, env: Mapping[str, str]) -> bool:
                              os.path.join(os.path.dirname(packs_dir), store_file_name(config)))
     if running(packs_dir):
         return False
-    child = gitexec.child_env(env).without("GIT_NAMESPACE")
+    whole = repo.without("GIT_NAMESPACE")
     if IN_PROCESS:
-        threading.Thread(target=_build, args=(gitdir, child), daemon=True, name="aspen-packs").start()
+        threading.Thread(target=_build, args=(whole,), daemon=True, name="aspen-packs").start()
         return True
-    child.pop("GIT_DIR", None)
-    gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--background", gitdir], env=child)
+    gitexec.detached([sys.executable, "-m", "aspen_cgi.cli", "import", "-q", "--background", repo.gitdir],
+                     env=whole.git_env.without("GIT_DIR"))
     return True
 
 
@@ -226,8 +227,7 @@ class BuildWait:
     waited: float = 0.0
 
 
-def await_built(gitdir: str, store, env: Mapping[str, str],
-                later: Optional[list[Callable[[], None]]] = None) -> BuildWait:
+def await_built(store, later: Optional[list[Callable[[], None]]] = None) -> BuildWait:
     """Whether every version has its pack. A fetch never waits for work that
     only makes later answers smaller: when versions lack their packs, it
     waits (up to ASPEN_BUILD_WAIT_MS, default 50 ms) only when each of them
@@ -245,17 +245,17 @@ def await_built(gitdir: str, store, env: Mapping[str, str],
     backlog = quick_backlog(store)
     if backlog is None:
         return BuildWait(True)
-    config = settings.of(env)
+    config, repo = store.repo.settings, store.repo
     if not enabled(config):
         return BuildWait(False)
     if not (backlog and config.build_wait > 0):
         packs = store.packs_dir
         if later is None:
-            kick(gitdir, packs, env)
+            kick(repo, packs)
         else:
-            later.append(lambda: kick(gitdir, packs, env))
+            later.append(lambda: kick(repo, packs))
         return BuildWait(False)
-    kick(gitdir, store.packs_dir, env)
+    kick(repo, store.packs_dir)
     start = time.monotonic()
     pause = 0.002
     while True:
@@ -315,8 +315,8 @@ Progress = Callable[[int, int, str], None]
 class _BuildSlot:
     """The machine-wide build slot, taken when there is something to build."""
 
-    def __init__(self, env: Mapping[str, str], guard: RepoGuard, on_wait: Optional[Callable[[int], None]]):
-        self.env = env
+    def __init__(self, s: settings.Settings, guard: RepoGuard, on_wait: Optional[Callable[[int], None]]):
+        self.settings = s
         self.guard = guard
         self.on_wait = on_wait
         self.slot = None
@@ -324,7 +324,7 @@ class _BuildSlot:
     def take(self) -> None:
         if self.slot is None:
             from ..runtime import admission  # startup
-            self.slot = admission.acquire_build(admission.capacity(settings.of(self.env)), self.guard.check, self.on_wait)
+            self.slot = admission.acquire_build(admission.capacity(self.settings), self.guard.check, self.on_wait)
             self.guard.check()
 
     def release(self) -> None:
@@ -352,7 +352,7 @@ def build(store, search=None, on_version: Optional[Progress] = None,
         abandon(store)
         RepoGuard.clear_leftovers(store.gitdir, os.path.dirname(store.path))
         return rep
-    slot = _BuildSlot(store.env, guard, on_wait_slot)
+    slot = _BuildSlot(store.repo.settings, guard, on_wait_slot)
     try:
         _build_all(store, search, on_version, on_segment, guard, slot, rep, quick_first)
     except RepositoryGone:
@@ -378,7 +378,7 @@ def _build_all(store, search, on_version: Optional[Progress], on_segment: Option
     from . import builder  # startup
     from . import versionpack as vp  # startup
     search = search or vp.DeltaSearch()
-    quiet = compact_quiet(settings.of(store.env))
+    quiet = compact_quiet(store.repo.settings)
     done_segments = 0
     slock: Optional[BuildLock] = None
     try:
@@ -508,7 +508,7 @@ def _unquiet(store, quiet: float) -> float:
     return quiet - (time.time() - store.latest_at())
 
 
-def _build(gitdir: str, env: Mapping[str, str]) -> None:
+def _build(repo: Repository) -> None:
     """A server thread's builder (IN_PROCESS): the thread itself runs at
     niceness NICE (Linux keeps one per thread), and so do its git children."""
     try:
@@ -516,11 +516,12 @@ def _build(gitdir: str, env: Mapping[str, str]) -> None:
     except OSError:
         pass                         # then each git child gets a `nice` prefix
     gitexec.run_as_background()
-    guard = RepoGuard.take(gitdir, state_dir(gitdir, settings.of(env)))
+    gitdir = repo.gitdir
+    guard = RepoGuard.take(gitdir, state_dir(gitdir, repo.settings))
     if guard is None:
         return
     try:
-        store = open_store(gitdir, env, guard)
+        store = open_store(repo, guard)
     except RepositoryGone:
         return
     if store is None:

@@ -76,23 +76,23 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
         if b is None:
             listing = None
             try:
-                b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
+                b = vp.boundary_of(store.repo, tips, peeled, sorted(before), search, guard)
             except vp.BuildError:
                 # `git gc` pruned a value the refs had before (a deleted or rewound branch): what
                 # only it reached is gone, so this version's pack is made against the values left
                 before = _present(store, before)
-                b = vp.boundary_of(store.gitdir, store.env, tips, peeled, sorted(before), search, guard)
+                b = vp.boundary_of(store.repo, tips, peeled, sorted(before), search, guard)
         how = later
         built = None
         if tips and sent is not None:
-            objects = objects or vp.RepoObjects(store.gitdir, store.env)
+            objects = objects or vp.RepoObjects(store.repo)
             built = vp.adopt(tips, b, sent, store.packs_dir, objects, guard,
                              listing.objects if listing is not None else None)
             how = vp.CLIENT_DELTAS if built else how
         if tips and built is None:
             if adopt_only:
                 break
-            built = vp.build(store.gitdir, store.env, tips, b.commits, store.packs_dir, how, guard)
+            built = vp.build(store.repo, tips, b.commits, store.packs_dir, how, guard)
         if sent is not None:
             _unlink(sent)
             _unlink(listing_path(sent))
@@ -128,7 +128,7 @@ def widen_import(store: RefStore, search: DeltaSearch, guard=None) -> Optional[B
     tips = [u.new for u in store.version_updates(1) if not is_null(u.new)]
     if not tips:
         return None
-    built = vp.build(store.gitdir, store.env, tips, (), store.packs_dir, search, guard)
+    built = vp.build(store.repo, tips, (), store.packs_dir, search, guard)
     if built.name == name:
         return None
     if built.objects != objects:
@@ -147,7 +147,7 @@ def segments_to_build(store: RefStore) -> list[tuple[int, int]]:
 
 def _present(store: RefStore, values) -> set[str]:
     """Those of VALUES the repository still holds."""
-    info = object_info(store.gitdir, child_env(store.env, GIT_DIR="."), sorted(set(values)))
+    info = object_info(store.gitdir, child_env(store.repo.git_env, GIT_DIR="."), sorted(set(values)))
     return {v for v in values if info.get(v, ("missing", None))[0] != "missing"}
 
 
@@ -158,10 +158,10 @@ def build_segment(store: RefStore, lo: int, hi: int, search: Optional[DeltaSearc
     search = search or DeltaSearch()
     after, before = store.run_values(lo, hi)
     try:
-        built = sp.build(store.gitdir, store.env, after, before, store.packs_dir, search, guard) if after else None
+        built = sp.build(store.repo, after, before, store.packs_dir, search, guard) if after else None
     except vp.BuildError:
         before = sorted(_present(store, before))      # as in build_packs: values gc pruned since
-        built = sp.build(store.gitdir, store.env, after, before, store.packs_dir, search, guard) if after else None
+        built = sp.build(store.repo, after, before, store.packs_dir, search, guard) if after else None
     if built is not None and not built.objects:
         built = None            # its file goes with the next sweep unless a version pack shares it
     store.record_segment_pack(lo, hi, built, search)

@@ -14,10 +14,11 @@ repository (or an earlier re-injected pack) when its pack is indexed."""
 from __future__ import annotations
 
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..git import gitexec
 from ..git.reader import object_info
+from ..runtime.repository import Repository
 from .packfile import PackError, PackIndex
 
 
@@ -25,9 +26,9 @@ class ReinjectError(Exception):
     pass
 
 
-def missing(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> list[str]:
+def missing(repo: Repository, oids: Sequence[str]) -> list[str]:
     """Those of OIDS the repository does not hold."""
-    info = object_info(gitdir, gitexec.child_env(env, GIT_DIR="."), list(dict.fromkeys(oids)))
+    info = object_info(repo.gitdir, gitexec.child_env(repo.git_env, GIT_DIR="."), list(dict.fromkeys(oids)))
     return [o for o in dict.fromkeys(oids) if info.get(o, ("missing", None))[0] == "missing"]
 
 
@@ -51,13 +52,13 @@ def _holder(store, oid: str, through: int) -> Optional[int]:
     return None
 
 
-def ensure(store, gitdir: str, env: Mapping[str, str], oids: Sequence[str], through: int) -> list[int]:
+def ensure(store, repo: Repository, oids: Sequence[str], through: int) -> list[int]:
     """Put back what the repository lacks of OIDS and of the closure of each
     version pack that holds them (versions up to THROUGH); the versions
     whose packs were indexed into the repository, oldest first."""
     needed: set[int] = set()
     seen: set[str] = set()
-    todo = missing(gitdir, env, oids)
+    todo = missing(repo, oids)
     while todo:
         boundary: list[str] = []
         for oid in todo:
@@ -70,11 +71,11 @@ def ensure(store, gitdir: str, env: Mapping[str, str], oids: Sequence[str], thro
             if v not in needed:
                 needed.add(v)
                 boundary.extend(store.version_pack(v)[1])
-        todo = missing(gitdir, env, boundary) if boundary else []
+        todo = missing(repo, boundary) if boundary else []
     for v in sorted(needed):
         name = store.version_pack(v)[0][0]
-        res = gitexec.git(["index-pack", "--stdin", "--fix-thin"], cwd=gitdir,
-                          env=gitexec.child_env(env, GIT_DIR="."),
+        res = gitexec.git(["index-pack", "--stdin", "--fix-thin"], cwd=repo.gitdir,
+                          env=gitexec.child_env(repo.git_env, GIT_DIR="."),
                           stdin_path=os.path.join(store.packs_dir, f"pack-{name}.pack"))
         if not res.ok:
             raise ReinjectError(f"index-pack of version {v}'s pack failed: "

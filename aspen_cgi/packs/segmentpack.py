@@ -19,8 +19,9 @@ it out of every run (a repository imported big stays Q_1 as built once).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Sequence
 
+from ..runtime.repository import Repository
 from . import versionpack
 from .versionpack import BuiltPack, DeltaSearch
 
@@ -38,8 +39,8 @@ def schedule(through: int) -> list[tuple[int, int]]:
     return out
 
 
-def build(gitdir: str, env: Mapping[str, str], after: Sequence[str], before: Sequence[str], outdir: str,
+def build(repo: Repository, after: Sequence[str], before: Sequence[str], outdir: str,
           search: DeltaSearch = DeltaSearch(), guard=None) -> BuiltPack:
     """The pack of what the ref values AFTER reach beyond the ref values BEFORE
     (thin against them); GUARD as for versionpack.build."""
-    return versionpack.build(gitdir, env, sorted(set(after)), sorted(set(before)), outdir, search, guard)
+    return versionpack.build(repo, sorted(set(after)), sorted(set(before)), outdir, search, guard)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
+from ..runtime.repository import Repository
 from . import versionpack
 from .versionpack import BuildError, DeltaSearch
 
@@ -70,7 +71,7 @@ def record(packs_dir: str, k: str, name: str) -> None:
             pass
 
 
-def make(gitdir: str, env: Mapping[str, str], packs_dir: str, values: Sequence[str],
+def make(repo: Repository, packs_dir: str, values: Sequence[str],
          held: Sequence[str], smaller_than: int) -> Optional[versionpack.BuiltPack]:
     """The pack of what VALUES reach beyond the commits HELD, thin against
     them, installed in PACKS_DIR when it has fewer than SMALLER_THAN bytes
@@ -79,7 +80,7 @@ def make(gitdir: str, env: Mapping[str, str], packs_dir: str, values: Sequence[s
     if not values:
         return None
     try:
-        return versionpack.build_smaller(gitdir, env, sorted(set(values)), sorted(set(held)), packs_dir, GIT_SEARCH,
+        return versionpack.build_smaller(repo, sorted(set(values)), sorted(set(held)), packs_dir, GIT_SEARCH,
                                          smaller_than=smaller_than)
     except (BuildError, OSError):
         return None

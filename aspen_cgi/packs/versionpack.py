@@ -29,6 +29,7 @@ from typing import Collection, Mapping, Optional, Sequence
 from ..git import gitexec
 from ..runtime.memo import put_bounded
 from ..runtime.owners import owner_alive, owner_id
+from ..runtime.repository import Repository
 
 SCRATCH_PREFIX = "build-"
 
@@ -86,8 +87,8 @@ class _Unguarded:
         return tempfile.mkdtemp(prefix=prefix, dir=dir)
 
 
-def _git(gitdir: str, env: Mapping[str, str], args: Sequence[str], search: DeltaSearch, guard, **kw):
-    return gitexec.background_git(args, cwd=gitdir, env=dict(env), check=guard.check, nice=search.nice, **kw)
+def _git(repo: Repository, args: Sequence[str], search: DeltaSearch, guard, **kw):
+    return gitexec.background_git(args, cwd=repo.gitdir, env=repo.git_env, check=guard.check, nice=search.nice, **kw)
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,14 @@ class BuiltPack:
     size: int
 
 
-def boundary_of(gitdir: str, env: Mapping[str, str], tips: Sequence[str], peeled: Sequence[str],
+def boundary_of(repo: Repository, tips: Sequence[str], peeled: Sequence[str],
                 before: Sequence[str], search: DeltaSearch = DeltaSearch(), guard=None) -> Boundary:
     """N_v and B_v for new values TIPS (PEELED: their commits) against the ref values BEFORE."""
     if not tips:
         return Boundary((), ())
     guard = guard or _Unguarded()
     stdin = "".join(f"{t}\n" for t in peeled) + "".join(f"^{b}\n" for b in before)
-    res = _git(gitdir, env, ["rev-list", "--parents", "--timestamp", "--stdin"], search, guard, input=stdin.encode())
+    res = _git(repo, ["rev-list", "--parents", "--timestamp", "--stdin"], search, guard, input=stdin.encode())
     if not res.ok:
         guard.check()      # git failed because the repository went: say that
         raise BuildError(res.stderr.decode("utf-8", "replace").strip())
@@ -151,17 +152,17 @@ def boundary_listed(listing, tips: Sequence[str], peeled: Sequence[str], before:
                     dict(listing.times))
 
 
-def build(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
+def build(repo: Repository, tips: Sequence[str], boundary: Sequence[str], outdir: str,
           search: DeltaSearch = DeltaSearch(), guard=None) -> BuiltPack:
     """Q_v for TIPS over BOUNDARY, written to OUTDIR as pack-<name>.pack/.idx.
     GUARD (repoguard.RepoGuard) raises when the repository goes; OUTDIR's
     parent must exist (it is made, not its parents)."""
-    built = build_smaller(gitdir, env, tips, boundary, outdir, search, guard)
+    built = build_smaller(repo, tips, boundary, outdir, search, guard)
     assert built is not None
     return built
 
 
-def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boundary: Sequence[str], outdir: str,
+def build_smaller(repo: Repository, tips: Sequence[str], boundary: Sequence[str], outdir: str,
                   search: DeltaSearch = DeltaSearch(), guard=None,
                   smaller_than: Optional[int] = None) -> Optional[BuiltPack]:
     """build(), or None, not indexed nor kept, when the pack has at least
@@ -175,7 +176,7 @@ def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boun
         stdin = "".join(f"{t}\n" for t in tips) + "".join(f"^{b}\n" for b in boundary)
         guard.check()
         with open(thin, "wb") as out:
-            res = _git(gitdir, env, [*search.args(), "--revs", "--thin", "--stdout", "-q", "--delta-base-offset"],
+            res = _git(repo, [*search.args(), "--revs", "--thin", "--stdout", "-q", "--delta-base-offset"],
                        search, guard, input=stdin.encode(), stdout=out)
         if not res.ok:
             guard.check()
@@ -183,13 +184,13 @@ def build_smaller(gitdir: str, env: Mapping[str, str], tips: Sequence[str], boun
         size = os.path.getsize(thin)
         if smaller_than is not None and size >= smaller_than:
             return None
-        hash_len = oid_len(gitdir, env)
+        hash_len = oid_len(repo)
         with open(thin, "rb") as f:
             f.seek(size - hash_len)
             trailer = f.read(hash_len)
         fixed_pack, fixed_idx = os.path.join(scratch, "fixed.pack"), os.path.join(scratch, "fixed.idx")
         with open(thin, "rb") as src:
-            res = _git(gitdir, env, ["index-pack", "--stdin", "--fix-thin", "-o", fixed_idx, fixed_pack],
+            res = _git(repo, ["index-pack", "--stdin", "--fix-thin", "-o", fixed_idx, fixed_pack],
                        search, guard, stdin=src)
         if not res.ok:
             guard.check()
@@ -296,11 +297,11 @@ class RepoObjects:
     KEEP = 16             # repositories whose stores stay open
     PARSED = 4096         # commits and trees kept parsed per repository (the next push's boundary)
 
-    def __init__(self, gitdir: str, env: Optional[Mapping[str, str]] = None):
+    def __init__(self, repo: Repository):
         from dulwich.object_format import SHA1, SHA256  # startup
         from dulwich.object_store import DiskObjectStore  # startup
-        objects = os.path.join(gitdir, "objects")
-        self.oid_len = oid_len(gitdir, os.environ if env is None else env)
+        objects = os.path.join(repo.gitdir, "objects")
+        self.oid_len = oid_len(repo)
         try:
             stamp = os.stat(os.path.join(objects, "pack")).st_mtime
         except OSError:
@@ -431,11 +432,11 @@ class RepoObjects:
 
 
 
-def oid_len(gitdir: str, env: Mapping[str, str]) -> int:
+def oid_len(repo: Repository) -> int:
     """The length in bytes of the repository's object ids: 20 (SHA-1) or 32 (SHA-256)."""
     from ..git.repoconfig import RepoConfig  # startup
     from ..model.objectid import id_bytes  # startup
-    return id_bytes(RepoConfig.load(gitdir, env).object_format)
+    return id_bytes(RepoConfig.load(repo.gitdir, repo.git_env).object_format)
 
 
 def _own_entries(idx_path: str, end: int) -> list[tuple[bytes, int, int]]:

@@ -263,7 +263,7 @@ class Push:
         if store is None:
             return
         if background.enabled(self.ctx.settings):
-            background.kick(self.gitdir, store.packs_dir, self.ctx.env)
+            background.kick(self.ctx.repository, store.packs_dir)
         for job in self.ctx.after_push:
             job(self.gitdir, self.ctx.env, background.IN_PROCESS)
 
@@ -287,7 +287,7 @@ class Push:
         upload = None
         if replica_mode(self.ctx.settings):
             try:
-                upload = push_pack_store(self.gitdir, self.ctx.env).upload()
+                upload = push_pack_store(self.ctx.repository).upload()
             except OSError as e:
                 self.ctx.log.append(f"aspen: {e}\n")
                 self.quarantine.remove()
@@ -361,7 +361,7 @@ class Push:
         The store is not opened here: the push opens it where it may wait for it."""
         from ..packs import background  # startup
         from ..packs.sentpack import SentPack  # startup
-        packs = packs_dir_of(self.gitdir, self.ctx.env) if background.enabled(self.ctx.settings) else None
+        packs = packs_dir_of(self.ctx.repository) if background.enabled(self.ctx.settings) else None
         if packs is None:
             return None
         return SentPack.start(packs, sent_pack_path(packs, self.push_id), header)
@@ -611,7 +611,7 @@ class Push:
         fast = in_process_ok(self.ctx.config, pol.is_bare(self.ctx.config))
         # a ref store locked by another process is waited for up to ASPEN_STORE_WAIT (then git alone writes)
         with store_db.patience(store_db.store_wait(self.ctx.settings)):
-            return transaction(self.ctx.refstore(), self.gitdir, self.ctx.env, upd, meta, self.ctx.log, fast,
+            return transaction(self.ctx.refstore(), self.ctx.repository, upd, meta, self.ctx.log, fast,
                                self.ctx.trace)
 
     def _lookup(self, oid: str) -> tuple[str, Optional[str]]:

@@ -6,12 +6,12 @@ own error text, as stock's receive-pack reports it."""
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
-from .. import settings
 from ..model.versions import ZERO, RefChange, VersionMeta
 from ..refstore import db, diskrefs
 from ..refstore.store import RefStore, replica_mode
+from ..runtime.repository import Repository
 
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]
 
@@ -27,7 +27,7 @@ def in_process_ok(config, bare: bool) -> bool:
     return not logs and (shared is None or shared.strip().lower() in false + ("umask",))
 
 
-def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange],
+def transaction(store: Optional[RefStore], repo: Repository, changes: Sequence[RefChange],
                 meta: VersionMeta, log: Optional[list] = None, fast: bool = False,
                 trace: Optional[dict] = None) -> Optional[str]:
     """Apply CHANGES all or nothing. None on success, else git's error text
@@ -35,7 +35,7 @@ def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], 
     request's) counts `pushed_versions`: versions the store committed."""
     if not changes:
         return None
-    replica = replica_mode(settings.of(env))
+    replica = replica_mode(repo.settings)
     if store is None and replica:
         if log is not None:
             log.append("aspen: ref log unavailable for this push; refused\n")
@@ -54,4 +54,4 @@ def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], 
             # the disk is the truth: the next request records what happened as an external version
             if log is not None:
                 log.append(f"aspen: ref store unavailable for this push ({e}); refs written by git alone\n")
-    return diskrefs.apply(gitdir, env, changes)
+    return diskrefs.apply(repo, changes)

@@ -17,7 +17,7 @@ version's pack is built in the background."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..git.hooks import Hooks
 from ..git.repoconfig import RepoConfig
@@ -25,6 +25,7 @@ from ..model.objectid import ZERO, is_null
 from ..model.versions import RefChange, StoredRef, VersionMeta
 from ..packs import background, reinject
 from ..refstore.store import RefStore
+from ..runtime.repository import Repository
 from . import refwrite
 
 
@@ -80,15 +81,16 @@ def restore_changes(store: RefStore, ref: str, version: int) -> list[RefChange]:
     return [_change(ref, now, then)]
 
 
-def apply(store: RefStore, gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange], meta: VersionMeta,
+def apply(store: RefStore, repo: Repository, changes: Sequence[RefChange], meta: VersionMeta,
           through: int) -> Done:
     """Put back the objects, move the refs as one version, run the hooks, start the build.
     THROUGH: the latest version whose packs may hold the objects."""
     try:
-        back = reinject.ensure(store, gitdir, env, [c.new for c in changes if not is_null(c.new)], through)
+        gitdir, env = repo.gitdir, repo.git_env
+        back = reinject.ensure(store, repo, [c.new for c in changes if not is_null(c.new)], through)
     except reinject.ReinjectError as e:
         raise Refused(f"the objects are gone: {e}") from None
-    err = refwrite.transaction(store, gitdir, env, changes, meta)
+    err = refwrite.transaction(store, repo, changes, meta)
     if err is not None:
         raise Refused(f"a ref moved meanwhile; nothing was changed ({err.strip()})")
     made = next((v.id for v in store.log(50) if v.kind == meta.kind and v.push_id == meta.push_id), store.latest())
@@ -99,7 +101,7 @@ def apply(store: RefStore, gitdir: str, env: Mapping[str, str], changes: Sequenc
     out: list[bytes] = []
     status = _drain(hooks.run("post-receive", [], hook_env, lines), out)
     _drain(hooks.run("post-update", [c.ref for c in changes], env), out)
-    background.kick(gitdir, store.packs_dir, env)
+    background.kick(repo, store.packs_dir)
     return Done(made, tuple(changes), tuple(back), b"".join(s.encode() for s in log) + b"".join(out), status)
 
 

@@ -14,12 +14,13 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..git import gitexec
 from ..model.objectid import OID_PATTERN
 from ..model.refname import check_refname_format
 from ..model.versions import ZERO, RefChange, is_null
+from ..runtime.repository import Repository
 
 _HEX = re.compile(f"^{OID_PATTERN}$")
 
@@ -141,11 +142,11 @@ class UpdateRef:
     """One `git update-ref --stdin` transaction: prepare (lock + CAS), then
     commit or abort."""
 
-    def __init__(self, gitdir: str, env: Mapping[str, str], message: str = "push"):
+    def __init__(self, repo: Repository, message: str = "push"):
         # GIT_DIR "." from inside the repository, as stock's receive-pack runs: git's messages
         # then name paths as stock's do ("<repo>/./refs/heads/main.lock")
-        self.proc = gitexec.start(["update-ref", "-m", message, "--stdin"], cwd=gitdir,
-                                  env={**env, "GIT_DIR": "."},
+        self.proc = gitexec.start(["update-ref", "-m", message, "--stdin"], cwd=repo.gitdir,
+                                  env=gitexec.child_env(repo.git_env, GIT_DIR="."),
                                   stdin=gitexec.PIPE, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
         self.error: Optional[str] = None
 
@@ -380,11 +381,11 @@ def stale_locks(gitdir: str, older_than: float) -> list[str]:
     return out
 
 
-def apply(gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange], message: str = "push") -> Optional[str]:
+def apply(repo: Repository, changes: Sequence[RefChange], message: str = "push") -> Optional[str]:
     """Prepare and commit CHANGES in one go (recovery); git's error text or None."""
     if not changes:
         return None
-    tx = UpdateRef(gitdir, env, message)
+    tx = UpdateRef(repo, message)
     try:
         return tx.prepare(changes) or tx.commit()
     finally:

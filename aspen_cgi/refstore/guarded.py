@@ -5,13 +5,13 @@ missing, and the files opening it made are the guard's to remove."""
 from __future__ import annotations
 
 import os
-from typing import Mapping
 
 from ..runtime.repoguard import STORE_FILES, RepoGuard, RepositoryGone, abandon, identity
+from ..runtime.repository import Repository
 from .store import RefStore
 
 
-def open_store(gitdir: str, env: Mapping[str, str], guard: RepoGuard):
+def open_store(repo: Repository, guard: RepoGuard):
     """The repository's store for background work (None when there is none):
     never made where missing, and the files opening it made (SQLite's log
     and shared memory when no other connection had them open) are GUARD's to
@@ -20,7 +20,7 @@ def open_store(gitdir: str, env: Mapping[str, str], guard: RepoGuard):
     base = os.path.join(guard.state_dir or "", "aspen.sqlite3")
     before = {s for s in STORE_FILES if os.path.lexists(base + s)}
     guard.check()
-    store = RefStore.open(gitdir, env, create=False)
+    store = RefStore.open(repo, create=False)
     if store is None:
         return None
     for s in STORE_FILES:
@@ -30,6 +30,6 @@ def open_store(gitdir: str, env: Mapping[str, str], guard: RepoGuard):
     if not guard.alive():
         abandon(store)
         guard.undo()
-        raise RepositoryGone(gitdir)
+        raise RepositoryGone(repo.gitdir)
     guard.watch_store(store)
     return store

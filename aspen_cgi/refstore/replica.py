@@ -23,13 +23,14 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 from .. import settings
 from ..git import gitexec
 from ..git.reader import object_info
 from ..model.versions import ZERO, RefChange
 from ..runtime import flocks
+from ..runtime.repository import Repository
 from . import db, diskrefs
 from .packstore import PackStore, PackStoreError
 
@@ -45,7 +46,7 @@ LOCK_WAIT = 60.0         # a request waits this long for another catch-up of its
 class Copy(Protocol):
     """What a catch-up needs of a repository's store (store.RefStore is one)."""
     gitdir: str
-    env: Mapping[str, str]
+    repo: Repository
     conn: db.Conn
     path: str
 
@@ -65,7 +66,7 @@ def publish_all(store: Copy, root: str, hash_len: int) -> str:
     up = pack_store(store, root).upload()
     try:
         res = gitexec.git_to_file(["pack-objects", "--all", "--stdout", "--quiet"], cwd=store.gitdir,
-                                  out=up.f, env=gitexec.GitEnv(store.env))     # type: ignore[arg-type]
+                                  out=up.f, env=store.repo.git_env)
         if res.returncode != 0:
             raise ReplicaError(f"pack-objects failed: {res.stderr.decode('utf-8', 'replace').strip()}")
         up.written()
@@ -73,7 +74,7 @@ def publish_all(store: Copy, root: str, hash_len: int) -> str:
     except BaseException:
         up.discard()
         raise
-    s = settings.of(store.env)
+    s = store.repo.settings
     if s.node_url:      # packs between nodes: the import's pack on other nodes too, as far as they take it
         from . import peers  # startup: a cluster's nodes only
         try:
@@ -83,13 +84,14 @@ def publish_all(store: Copy, root: str, hash_len: int) -> str:
     return name
 
 
-def init_bare(path: str, env: Mapping[str, str]) -> bool:
-    """An empty bare repository at PATH, for the log to fill: made under a
+def init_bare(repo: Repository) -> bool:
+    """An empty bare repository at REPO's path, for the log to fill: made under a
     temporary name and renamed into place, so that a request racing this one
     sees either no repository or a whole one. True when PATH is one now."""
+    path = repo.gitdir
     tmp = f"{path}.aspen-new-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     res = gitexec.git(["init", "--bare", "--quiet", tmp], cwd=os.path.dirname(path) or "/",
-                      env=gitexec.GitEnv({k: v for k, v in env.items() if not k.startswith("GIT_DIR")}))
+                      env=gitexec.GitEnv({k: v for k, v in repo.git_env.items() if not k.startswith("GIT_DIR")}))
     if res.returncode == 0:
         try:
             os.rename(tmp, path)
@@ -189,35 +191,35 @@ def _apply(store: Copy, packs: PackStore, sdir: str, token: str,
         head = db.get_state(conn, HEAD_KEY)
     if through <= have:
         return have
-    gitdir, env = store.gitdir, store.env
+    repo = store.repo
     values = sorted({v for _, vals, _ in plan for v in vals})
-    present = _present(gitdir, env, values)
+    present = _present(repo, values)
     # a catch-up killed while it applied packs may have left part of a version's objects
     # (unpack-objects writes them one by one): those versions are applied again, whatever is present
     redo = applying(sdir)
     todo = [(v, names) for v, vals, names in plan if v <= redo or not all(x in present for x in vals)]
     if todo:
         set_applying(sdir, through)
-        _prefetch(env, packs, [n for _, names in todo for n in names])
+        _prefetch(repo.settings, packs, [n for _, names in todo for n in names])
     for i, (v, names) in enumerate(todo):
         if not names:
             raise ReplicaError(f"version {v}'s objects are neither here nor in the pack store")
         for name in names:
-            _index(gitdir, env, packs, name)
+            _index(repo, packs, name)
         if progress is not None:
             progress(i + 1, len(todo))
-    _write_refs(gitdir, env, rows, head)
+    _write_refs(repo, rows, head)
     set_applied(sdir, through, token)
     set_applying(sdir, 0)
     return through
 
 
-def _present(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> set[str]:
-    info = object_info(gitdir, env, list(oids))
+def _present(repo: Repository, oids: Sequence[str]) -> set[str]:
+    info = object_info(repo.gitdir, repo.git_env, list(oids))
     return {o for o, (t, _) in info.items() if t != "missing"}
 
 
-def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> None:
+def _index(repo: Repository, packs: PackStore, name: str) -> None:
     try:
         path = packs.path(name)
     except PackStoreError as e:
@@ -225,14 +227,14 @@ def _index(gitdir: str, env: Mapping[str, str], packs: PackStore, name: str) -> 
     try:
         head = _head(path)
     except OSError:
-        if not _fetched(env, packs, name):
+        if not _fetched(repo.settings, packs, name):
             raise ReplicaError(f"pack {name} is missing from the pack store ({packs.directory})") from None
         head = _head(path)
     # as receive-pack keeps a push's objects: loose under the unpack limit, else a pack of its own
     # (a pack per version would have every node's `gc --auto` repack after each 50 versions)
     small = len(head) == 12 and head[:4] == b"PACK" and int.from_bytes(head[8:12], "big") < UNPACK_LIMIT
     args = ["unpack-objects", "-q"] if small else ["index-pack", "--stdin", "--fix-thin"]
-    res = gitexec.git(args, cwd=gitdir, env=gitexec.GitEnv(env), stdin_path=path)
+    res = gitexec.git(args, cwd=repo.gitdir, env=repo.git_env, stdin_path=path)
     if res.returncode != 0:
         raise ReplicaError(f"index-pack of {name} failed: {res.stderr.decode('utf-8', 'replace').strip()}")
 
@@ -242,11 +244,10 @@ def _head(path: str) -> bytes:
         return f.read(12)
 
 
-def _prefetch(env: Mapping[str, str], packs: PackStore, names: Sequence[str]) -> None:
+def _prefetch(s: settings.Settings, packs: PackStore, names: Sequence[str]) -> None:
     """Packs between nodes: bring the packs of NAMES this node lacks from the
     others, several at once, before they are applied one by one (_index
     fetches any still missing then)."""
-    s = settings.of(env)
     if not s.node_url:
         return
     missing = [n for n in names if not packs.has(n)]
@@ -259,9 +260,8 @@ def _prefetch(env: Mapping[str, str], packs: PackStore, names: Sequence[str]) ->
         pass
 
 
-def _fetched(env: Mapping[str, str], packs: PackStore, name: str) -> bool:
+def _fetched(s: settings.Settings, packs: PackStore, name: str) -> bool:
     """Packs between nodes (ASPEN_NODE_URL): NAME brought from a node that holds it."""
-    s = settings.of(env)
     if not s.node_url:
         return False
     from . import peers  # startup: a cluster's nodes only
@@ -271,19 +271,20 @@ def _fetched(env: Mapping[str, str], packs: PackStore, name: str) -> bool:
         return False
 
 
-def _write_refs(gitdir: str, env: Mapping[str, str], rows, head: Optional[str]) -> None:
+def _write_refs(repo: Repository, rows, head: Optional[str]) -> None:
+    gitdir = repo.gitdir
     disk = diskrefs.read_all(gitdir)
     want = {r.name: r.oid for r in rows if r.symref is None and r.oid and r.name.startswith("refs/")}
     changes = [RefChange(n, None, oid) for n, oid in sorted(want.items())
                if disk.get(n) is None or disk[n].symref is not None or disk[n].oid != oid]
     changes += [RefChange(n, None, ZERO) for n, r in sorted(disk.items()) if n not in want and r.symref is None]
     if changes:
-        err = diskrefs.apply(gitdir, env, changes, "aspen replica")
+        err = diskrefs.apply(repo, changes, "aspen replica")
         if err:
             raise ReplicaError(f"the refs could not be written: {err}")
     if head and head.startswith("refs/"):
         if local_head(gitdir) != head:
-            gitexec.git(["symbolic-ref", "HEAD", head], cwd=gitdir, env=gitexec.GitEnv(env))
+            gitexec.git(["symbolic-ref", "HEAD", head], cwd=gitdir, env=repo.git_env)
 
 
 def local_head(gitdir: str) -> Optional[str]:

@@ -47,6 +47,7 @@ from ..model.versions import (
     is_null,
 )
 from ..runtime.owners import fault, owner_alive, owner_id
+from ..runtime.repository import Repository
 from ..runtime.statedir import state_dir
 from . import chaining, db, db_postgres, db_schema, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
 from .packstore import PackStore
@@ -101,18 +102,18 @@ def sent_pack_path(packs_dir: str, push_id: str) -> str:
     return os.path.join(packs_dir, f"{SENT_PREFIX}{push_id}.pack")
 
 
-def packs_dir_of(gitdir: str, env: Mapping[str, str]) -> Optional[str]:
+def packs_dir_of(repo: Repository) -> Optional[str]:
     """The packs directory of the repository's store, without opening the store
     (a push must not open it before it may wait for it); None without a store
     (with a PostgreSQL store: without the repository's state directory)."""
-    s = settings.of(env)
+    s = repo.settings
     if _disabled(s):
         return None
-    sdir = state_dir(gitdir, s)
+    sdir = state_dir(repo.gitdir, s)
     if s.refstore_url:
         if not os.path.isdir(sdir):
             return None
-        return push_pack_store(gitdir, env).directory if replica_mode(s) else os.path.join(sdir, "packs")
+        return push_pack_store(repo).directory if replica_mode(s) else os.path.join(sdir, "packs")
     return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
 
 
@@ -125,29 +126,28 @@ def replica_mode(s: settings.Settings) -> bool:
 LOCAL_PACKS = ".aspen-packs"     # under GIT_PROJECT_ROOT: a node's own packs, without a shared pack store
 
 
-def pack_root(env: Mapping[str, str]) -> str:
+def pack_root(s: settings.Settings, project_root: Optional[str]) -> str:
     """Where a replica keeps packs: the shared pack store, or this node's own
-    directory under GIT_PROJECT_ROOT (ASPEN_NODE_URL: packs between nodes)."""
-    s = settings.of(env)
+    directory under PROJECT_ROOT (ASPEN_NODE_URL: packs between nodes)."""
     if s.pack_store:
         return s.pack_store
-    root = env.get("GIT_PROJECT_ROOT") or os.environ.get("GIT_PROJECT_ROOT")
+    root = project_root
     if not root:
         raise OSError("ASPEN_NODE_URL is set but GIT_PROJECT_ROOT is not")
     return os.path.join(root, LOCAL_PACKS)
 
 
-def push_pack_store(gitdir: str, env: Mapping[str, str]) -> PackStore:
+def push_pack_store(repo: Repository) -> PackStore:
     """The repository's directory in the pack store, without opening its store."""
-    return PackStore(pack_root(env), db_postgres.pg_schema(repo_key(gitdir, env)))
+    return PackStore(pack_root(repo.settings, repo.project_root), db_postgres.pg_schema(repo_key(repo)))
 
 
-def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
+def materialize(repo_dir: str, served: Repository) -> bool:
     """A replica lacking a repository the log knows (a new node, a lost
     directory): make it empty at REPO_DIR (or REPO_DIR.git, as the log names
     it), for its first request's sync to fill. False when there is nothing
     to make."""
-    s = settings.of(env)
+    s = served.settings
     if not replica_mode(s):
         return False
     for cand in (repo_dir,) if repo_dir.endswith(".git") else (repo_dir, repo_dir + ".git"):
@@ -156,12 +156,12 @@ def materialize(repo_dir: str, env: Mapping[str, str]) -> bool:
         if os.path.lexists(cand):
             continue
         try:
-            if not db_postgres.pg_known(s.refstore_url, repo_key(cand, env)):
+            if not db_postgres.pg_known(s.refstore_url, repo_key(served.at(cand))):
                 continue
             os.makedirs(os.path.dirname(cand), exist_ok=True)
         except (OSError, db.Error, db.Busy):
             return False
-        return replica.init_bare(cand, env)
+        return replica.init_bare(served.at(cand))
     return False
 
 
@@ -171,15 +171,15 @@ def store_file_name(s: settings.Settings) -> str:
     return PG_RECORD if s.refstore_url else "aspen.sqlite3"
 
 
-def repo_key(gitdir: str, env: Mapping[str, str]) -> str:
+def repo_key(repo: Repository) -> str:
     """The name a PostgreSQL store knows the repository by: its absolute
     path; with ASPEN_CLUSTER, that name, a colon and its path under
     GIT_PROJECT_ROOT (the request's, else the process's), the same on every
     node serving that tree."""
-    real = os.path.realpath(gitdir)
-    cluster = settings.of(env).cluster
+    real = os.path.realpath(repo.gitdir)
+    cluster = repo.settings.cluster
     if cluster:
-        root = env.get("GIT_PROJECT_ROOT") or os.environ.get("GIT_PROJECT_ROOT")
+        root = repo.project_root
         if not root:
             raise OSError("ASPEN_CLUSTER is set but GIT_PROJECT_ROOT is not")
         top = os.path.realpath(root).rstrip("/")
@@ -261,8 +261,7 @@ def unbuilt_count(path: str, url: Optional[str]) -> Optional[int]:
     return db.unbuilt_count(path)
 
 
-def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], pool_size: int,
-                   create: bool) -> Optional[db.Conn]:
+def _pg_connection(record: str, repo: Repository, create: bool) -> Optional[db.Conn]:
     """One connection per thread and repository of a PostgreSQL store (it
     borrows the process's pool's for each statement or transaction). RECORD
     (in the repository's state) names the store, as first opened, and the
@@ -277,7 +276,7 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
     cached = conns.get(record)
     if cached is not None and cached[1] == ident:
         return cached[0]
-    key = repo_key(gitdir, env)
+    key = repo_key(repo)
 
     def known() -> Optional[str]:
         named, token = read_record(record)
@@ -289,9 +288,9 @@ def _pg_connection(url: str, record: str, gitdir: str, env: Mapping[str, str], p
             f.write(f"{key}\n{token}\n")
         os.replace(tmp, record)
 
-    s = settings.of(env)
-    conn = db_postgres.connect_pg(url, key, pool_size, create, known, keep, adopt=replica_mode(s),
-                         may_migrate=lambda: may_migrate(s))
+    s = repo.settings
+    conn = db_postgres.connect_pg(s.refstore_url, key, s.refstore_pool, create, known, keep, adopt=replica_mode(s),
+                                  may_migrate=lambda: may_migrate(s))
     if conn is None:
         return None
     ident = _file_id(record)
@@ -374,9 +373,9 @@ def release_thread() -> None:
 
 
 class RefStore:
-    def __init__(self, gitdir: str, env: Mapping[str, str], conn: db.Conn, path: str, create: bool = True):
-        self.gitdir = gitdir
-        self.env = env
+    def __init__(self, repo: Repository, conn: db.Conn, path: str, create: bool = True):
+        self.repo = repo
+        self.gitdir = repo.gitdir
         self.conn = conn
         self.path = path
         self.create = create        # a PostgreSQL store dropped while open is made anew (a request's)
@@ -384,14 +383,13 @@ class RefStore:
         self.imported = False       # this store's sync recorded the repository (version 1)
 
     @classmethod
-    def open(cls, gitdir: str, env: Mapping[str, str], create: bool = True,
-             log: Optional[list] = None) -> Optional["RefStore"]:
+    def open(cls, repo: Repository, create: bool = True, log: Optional[list] = None) -> Optional["RefStore"]:
         """The repository's store, or None when the store is turned off or
         cannot be kept here (read-only repository without ASPEN_STATE_DIR:
         said in LOG). With ASPEN_REFSTORE_URL it is in that PostgreSQL
         database, and the state directory keeps its record beside its packs
         and ref-lock claims."""
-        s = settings.of(env)
+        s, gitdir = repo.settings, repo.gitdir
         if _disabled(s):
             return None
         sdir = state_dir(gitdir, s)
@@ -411,10 +409,10 @@ class RefStore:
                 else:
                     os.makedirs(sdir, exist_ok=True)
             if s.refstore_url:
-                conn = db.retry(lambda: _pg_connection(s.refstore_url, path, gitdir, env, s.refstore_pool, create))
-                return None if conn is None else cls(gitdir, env, conn, path, create)
+                conn = db.retry(lambda: _pg_connection(path, repo, create))
+                return None if conn is None else cls(repo, conn, path, create)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
-            return cls(gitdir, env, db.retry(lambda: _connection(path)), path)
+            return cls(repo, db.retry(lambda: _connection(path)), path)
         except (OSError, db.Error) as e:
             if log is not None and isinstance(e, db.pgconn.Unavailable):
                 log.append(f"aspen: ref store unavailable ({e}); serving refs from disk\n")
@@ -446,9 +444,7 @@ class RefStore:
         conns = getattr(_local, "pg", None)
         if conns is not None:
             conns.pop(self.path, None)
-        s = settings.of(self.env)
-        conn = db.retry(lambda: _pg_connection(s.refstore_url, self.path, self.gitdir, self.env, s.refstore_pool,
-                                               self.create))
+        conn = db.retry(lambda: _pg_connection(self.path, self.repo, self.create))
         if conn is None:
             raise db.pgconn.StoreError("the store was dropped")
         self.conn = conn
@@ -456,11 +452,12 @@ class RefStore:
     @property
     def replica_root(self) -> Optional[str]:
         """The pack store's root when this node is a replica of the log, else None."""
-        return pack_root(self.env) if replica_mode(settings.of(self.env)) else None
+        s = self.repo.settings
+        return pack_root(s, self.repo.project_root) if replica_mode(s) else None
 
     @property
     def node(self) -> str:
-        return node_name(settings.of(self.env))
+        return node_name(self.repo.settings)
 
     def _move_on(self) -> None:
         """A store still one migration behind (nodes of the older Aspen were
@@ -472,8 +469,8 @@ class RefStore:
         if now - _migrate_checked.get(self.path, -_MIGRATE_EVERY_S) < _MIGRATE_EVERY_S:
             return
         _migrate_checked[self.path] = now
-        if may_migrate(settings.of(self.env)):
-            self.conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(self.conn, repo_key(self.gitdir, self.env)))
+        if may_migrate(self.repo.settings):
+            self.conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(self.conn, repo_key(self.repo)))
 
     def _made(self) -> str:
         """The token of the making of this PostgreSQL store, as the state records it."""
@@ -496,9 +493,9 @@ class RefStore:
         latest, stored_fp, pending = db.head(self.conn)
         root = self.replica_root
         if root is not None:
-            if settings.of(self.env).node_url:
+            if self.repo.settings.node_url:
                 from . import peers  # startup: a cluster's nodes only
-                peers.here(settings.of(self.env))      # a node the others send packs to
+                peers.here(self.repo.settings)      # a node the others send packs to
             self._move_on()
             # the log is the truth and the disk follows it: never an external version
             return replica.catch_up(self, root, latest or self._import(), self._made())
@@ -513,7 +510,7 @@ class RefStore:
 
     def _import(self) -> int:
         root = self.replica_root
-        rows = views.read_git(self.gitdir, self.env)
+        rows = views.read_git(self.repo)
         packs: tuple[str, ...] = ()
         if root is not None and any(r.symref is None for r in rows):
             oid_len = next(len(r.oid) for r in rows if r.symref is None and r.oid)
@@ -568,7 +565,7 @@ class RefStore:
             # The disk is read under the write lock: a push that finished (disk written, version
             # done) after an earlier read would otherwise be recorded as reverted by an
             # "external" version. Values are compared, not the types a push recorded.
-            rows = {r.name: r for r in views.read_git(self.gitdir, self.env)}
+            rows = {r.name: r for r in views.read_git(self.repo)}
             skip = self._pending_refs(conn)
             current = {r.name: r for r in db.all_refs(conn)}
             changed = [r for n, r in rows.items() if n not in skip and views.ref_value(current.get(n)) != views.ref_value(r)]
@@ -621,7 +618,7 @@ class RefStore:
                     forward.append(RefChange(ref, old, new))
                 else:
                     void.append(ref)
-            if forward and diskrefs.apply(self.gitdir, self.env, forward, "push (recovered by aspen)"):
+            if forward and diskrefs.apply(self.repo, forward, "push (recovered by aspen)"):
                 void += [c.ref for c in forward]
             self._finish(vid, void)
             done += 1
@@ -700,7 +697,7 @@ class RefStore:
         if hit is not None and (same is None or hit[0] is same):
             return hit[1]
         got = rows()
-        snap = views.to_snapshot(got, self.gitdir, self.env, namespace)
+        snap = views.to_snapshot(got, self.repo, namespace)
         with _lock:
             if len(_views) > 256:
                 _views.clear()
@@ -727,12 +724,12 @@ class RefStore:
                 held = None
                 tx = None
         if tx is None:
-            tx = diskrefs.UpdateRef(self.gitdir, self.env)
+            tx = diskrefs.UpdateRef(self.repo)
             err = tx.prepare(changes)
             if err:
                 tx.close()
                 return err
-        fault("refs-locked", self.env)
+        fault("refs-locked", self.repo.git_env)
         tried: list[tuple[str, int]] = []     # (path, version) of each attempt, marked in flight by _insert
         try:
             try:
@@ -744,12 +741,12 @@ class RefStore:
             for key in set(tried) - {(self.path, vid)}:     # attempts that were rolled back
                 _inflight.discard(key)
             try:
-                fault("store-committed", self.env)
+                fault("store-committed", self.repo.git_env)
                 err = tx.commit()
                 if err:
                     self._finish(vid, [c.ref for c in changes])
                     return err
-                fault("disk-written", self.env)
+                fault("disk-written", self.repo.git_env)
                 try:
                     self._finish(vid, [])
                 except (db.Error, db.Busy):
@@ -813,7 +810,7 @@ class RefStore:
         node's disk follows under its replica lock. The push's objects are
         already in the pack store (META.packs)."""
         sdir = os.path.dirname(self.path)
-        with replica.locked(sdir, settings.of(self.env).store_wait, shared=True):
+        with replica.locked(sdir, self.repo.settings.store_wait, shared=True):
             made = self._made()
             disk = [RefChange(c.ref, None, c.new, c.ff, c.otype, c.peeled) for c in changes]
             tx: "diskrefs.LooseWrite | diskrefs.UpdateRef | None" = None
@@ -824,12 +821,12 @@ class RefStore:
                     held.release()
                     tx, held = None, None
             if tx is None:
-                tx = diskrefs.UpdateRef(self.gitdir, self.env)
+                tx = diskrefs.UpdateRef(self.repo)
             try:
                 err = tx.prepare(disk) if isinstance(tx, diskrefs.UpdateRef) else None
                 if err:
                     return err
-                fault("refs-locked", self.env)
+                fault("refs-locked", self.repo.git_env)
                 tried: list[tuple[str, int]] = []
                 try:
                     got = db.write(self.conn, lambda conn: self._insert_replica(conn, changes, meta, tried))
@@ -838,7 +835,7 @@ class RefStore:
                         _inflight.discard(key)
                 if isinstance(got, str):
                     return got
-                fault("store-committed", self.env)
+                fault("store-committed", self.repo.git_env)
                 if tx.commit() is None and replica.applied(sdir, made) == got - 1:
                     replica.set_applied(sdir, got, made)     # pushes side by side: only v-1 -> v, never back
                 # else the disk lags the log: the next request's catch-up writes the refs
@@ -850,7 +847,7 @@ class RefStore:
 
     def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                         tried: list[tuple[str, int]]) -> "int | str":
-        refused = db_postgres.writable_schema(conn, repo_key(self.gitdir, self.env))
+        refused = db_postgres.writable_schema(conn, repo_key(self.repo))
         if refused:     # a newer Aspen's node moved it on: write nothing it may not read
             return refused
         current = db.refs_named(conn, [c.ref for c in changes])
@@ -1219,6 +1216,6 @@ class RefStore:
     def verify(self, progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
         """The store against itself, the refs on disk and the objects."""
         from .verify import verify  # startup
-        return verify(self.conn, self.gitdir, self.env, progress)
+        return verify(self.conn, self.repo, progress)
 
 

@@ -5,18 +5,20 @@ reads them, and against the objects (every ref's closure present)."""
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 from ..git import gitexec
 from ..model.versions import VerifyReport
 from ..runtime.owners import owner_alive
+from ..runtime.repository import Repository
 from . import chaining, db, diskrefs, views
 
 STALE_LOCK_SECONDS = 60.0
 
 
-def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
+def verify(store_conn: db.Conn, repo: Repository,
            progress: Optional[Callable[[str], None]] = None) -> VerifyReport:
+    gitdir = repo.gitdir
     rep = VerifyReport()
     rep.problems += [f"sqlite: {p}" for p in db.integrity(store_conn)]
     with db.reading(store_conn) as conn:
@@ -42,7 +44,7 @@ def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
         for n in sorted(set(replay) | set(direct)):
             if replay.get(n) != direct.get(n):
                 rep.problems.append(f"{n}: versions replay to {replay.get(n)}, current table says {direct.get(n)}")
-    disk = {r.name: r for r in views.read_git(gitdir, env)}
+    disk = {r.name: r for r in views.read_git(repo)}
     for n in sorted(set(disk) | set(stored)):
         a, b = disk.get(n), stored.get(n)
         da = (a.oid, a.symref) if a else None
@@ -57,7 +59,7 @@ def verify(store_conn: db.Conn, gitdir: str, env: Mapping[str, str],
     tips = sorted({r.oid for r in rows if r.oid})
     if tips:
         res = gitexec.git(["rev-list", "--objects", "--quiet", "--stdin"], cwd=gitdir,
-                          env=dict(env), input="".join(t + "\n" for t in tips).encode())
+                          env=repo.git_env, input="".join(t + "\n" for t in tips).encode())
         if not res.ok:
             rep.problems.append("objects: not every ref is connected: "
                                 + res.stderr.decode("utf-8", "replace").strip()[:500])

@@ -9,6 +9,7 @@ from typing import Mapping, Optional, Sequence
 from ..git import gitexec, reader
 from ..model import refs as refs_mod
 from ..model.versions import StoredRef
+from ..runtime.repository import Repository
 from . import diskrefs
 
 
@@ -26,9 +27,9 @@ def tip_rows(rows: Sequence[StoredRef]) -> list[tuple[str, str]]:
     return out
 
 
-def read_git(gitdir: str, env: Mapping[str, str]) -> list[StoredRef]:
+def read_git(repo: Repository) -> list[StoredRef]:
     """Every ref under refs/ as git reads it, with types and peeled values."""
-    snap = reader.read_refs(gitdir, gitexec.child_env(env).without("GIT_NAMESPACE"), None)
+    snap = reader.read_refs(repo.gitdir, repo.git_env.without("GIT_NAMESPACE"), None)
     out = []
     for r in snap.refs:
         if r.symref_target:
@@ -68,7 +69,8 @@ def _resolve_stored(stored: Mapping[str, StoredRef], name: str) -> Optional[str]
     return r.symref if r is not None and r.symref else name
 
 
-def to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], namespace: Optional[str]) -> refs_mod.RefSnapshot:
+def to_snapshot(rows: Sequence[StoredRef], repo: Repository, namespace: Optional[str]) -> refs_mod.RefSnapshot:
+    gitdir = repo.gitdir
     prefix = refs_mod.namespace_prefix(namespace)
     by_name = {r.name: r for r in rows}
     Ref = refs_mod.Ref
@@ -124,6 +126,7 @@ def to_snapshot(rows: Sequence[StoredRef], gitdir: str, env: Mapping[str, str], 
         if ref is not None:
             head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
     elif direct_oid:
-        info = reader.object_info(gitdir, gitexec.child_env(env, GIT_DIR="."), [direct_oid]).get(direct_oid, ("missing", None))
+        info = reader.object_info(gitdir, gitexec.child_env(repo.git_env, GIT_DIR="."),
+                                  [direct_oid]).get(direct_oid, ("missing", None))
         head = Ref("HEAD", direct_oid, info[1] if info[0] == "tag" else None, None, info[0] == "missing")
     return refs_mod.RefSnapshot(tuple(out), head, target, prefix)

@@ -129,16 +129,16 @@ def directory(s: settings.Settings) -> str:
 _made: set[str] = set()
 
 
-def prepare(env: Mapping[str, str]) -> str:
+def prepare(s: settings.Settings) -> str:
     """The directory this server counts in, made if missing: a missing run
     directory as admission makes it (sticky, open to every user: mod_wsgi's
     and Apache's users share it), a missing state directory for this user
     only (it holds ref stores)."""
-    where = directory(settings.of(env))
+    where = directory(s)
     if where not in _made:
         try:
             if not os.path.isdir(where):
-                base, run = _base(settings.of(env))
+                base, run = _base(s)
                 if not os.path.isdir(base):
                     os.makedirs(base, mode=0o1777 if run else 0o755, exist_ok=True)
                 os.makedirs(where, exist_ok=True)

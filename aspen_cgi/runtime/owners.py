@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Mapping, Optional
+from typing import Optional
+
+from ..git.gitexec import GitEnv
 
 FAULT_ENV = "ASPEN_FAULT"      # internal, for tests (settings.INTERNAL)
 
 
-def fault(point: str, env: Mapping[str, str]) -> None:
+def fault(point: str, env: GitEnv) -> None:
     """Tests only: with ASPEN_FAULT=POINT the process kills itself (SIGKILL)
     here; with ASPEN_FAULT_ONCE=FILE as well, only while FILE exists (it is
     removed first), so a restarted worker runs clean."""

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from aspen_cgi import settings
+from aspen_cgi.runtime.repository import Repository
 
 from .. import stats
 from ..model import TargetInfo
@@ -49,7 +50,7 @@ class Probe:
         env = dict(os.environ)
         if os.path.exists(os.path.join(state_dir(self.gitdir, settings.of(env)),
                                        store_file_name(settings.of(env)))):
-            self.store = RefStore.open(self.gitdir, env, create=False)
+            self.store = RefStore.open(Repository.of(self.gitdir, env), create=False)
             if self.store is not None and self.sync:
                 self.store.sync()
         return self
