@@ -86,7 +86,7 @@ def _warm() -> None:
     from . import cgi  # noqa: F401  # startup
     skip = {"aspen_cgi.cli", "aspen_cgi.devserver", "aspen_cgi.wsgi", "aspen_cgi.cgilauncher"}
     for info in pkgutil.walk_packages(aspen_cgi.__path__, "aspen_cgi."):
-        if info.name not in skip and not info.name.endswith("__main__"):
+        if info.name not in skip and not info.name.startswith("aspen_cgi.cli.") and not info.name.endswith("__main__"):
             try:
                 __import__(info.name)
             except Exception:
