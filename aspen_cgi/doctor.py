@@ -312,9 +312,9 @@ def _run_dir_findings(s, user: str) -> list[Finding]:
 def _cluster_findings(s, user: str) -> list[Finding]:
     out = []
     if s.refstore_url:
-        from .refstore import store as refstore  # startup
+        from .refstore import registry  # startup
         try:
-            stores = refstore.database_stores(s.refstore_url)
+            stores = registry.database_stores(s.refstore_url)
             out.append(Finding(OK, "postgresql", f"reachable, {len(stores)} stores"))
         except Exception as e:     # noqa: BLE001  (the driver's, the pool's or a timeout: all say the same)
             out.append(Finding(FAIL, "postgresql", f"ASPEN_REFSTORE_URL unreachable or not initialised ({e}); "
@@ -427,7 +427,8 @@ def _git_env(c: Checkup) -> dict[str, str]:
 def _store_findings(repo: str, s, c: Checkup) -> list[Finding]:
     from .git.reader import read_refs  # startup
     from .refstore import db  # startup
-    from .refstore.store import RefStore, unbuilt_count  # startup
+    from .refstore.registry import unbuilt_count  # startup
+    from .refstore.store import RefStore  # startup
     from .runtime.repository import Repository  # startup
     env = dict(c.env, GIT_DIR=repo)
     try:

@@ -443,7 +443,8 @@ def verify_refstores(root: Path, server_env: Optional[dict] = None) -> dict[str,
     the inconsistent ones."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from aspen_cgi.refstore.store import DISABLE_ENV, state_dir
+    from aspen_cgi.refstore.registry import DISABLE_ENV
+    from aspen_cgi.refstore.store import state_dir
     env = dict(os.environ)
     env.update(server_env or {})
     env.pop("GIT_NAMESPACE", None)
@@ -538,7 +539,7 @@ def side_connection(store):
             import sqlite3
             return sqlite3.connect(str(state / "aspen.sqlite3"))
         from aspen_cgi.refstore import db, db_postgres, pgconn
-        from aspen_cgi.refstore.store import PG_RECORD, read_record
+        from aspen_cgi.refstore.registry import PG_RECORD, read_record
         return pgconn.PgConn(url, db_postgres.pg_schema(read_record(str(state / PG_RECORD))[0]), 1, db.PG_USE_SCHEMA)
     if getattr(store.conn, "dialect", "sqlite") == "sqlite":
         import sqlite3

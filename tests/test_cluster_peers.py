@@ -24,7 +24,7 @@ import pytest
 
 from aspen_cgi import settings
 from aspen_cgi.refstore import db, db_postgres, db_schema, peers
-from aspen_cgi.refstore.store import LOCAL_PACKS
+from aspen_cgi.refstore.registry import LOCAL_PACKS
 
 from . import harness as h
 from .test_cluster import Cluster, _aspen, check_clone, commit, new_work, node_refs, run, three_nodes

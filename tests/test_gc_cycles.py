@@ -92,6 +92,7 @@ def test_requests_leave_no_cyclic_garbage(served, root):
 def _store_in_a_thread(root: Path, before_release=lambda store: None) -> sqlite3.Connection:
     """A builder thread's store: opened and synced, BEFORE_RELEASE(store), then
     release_thread() as the thread ends; its connection."""
+    from aspen_cgi.refstore import registry
     from aspen_cgi.refstore import store as refstore
     seen = {}
 
@@ -100,7 +101,7 @@ def _store_in_a_thread(root: Path, before_release=lambda store: None) -> sqlite3
         s.sync()
         seen["conn"] = s.conn
         before_release(s)
-        refstore.release_thread()
+        registry.release_thread()
 
     t = threading.Thread(target=builder)
     t.start()

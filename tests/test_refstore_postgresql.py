@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from aspen_cgi.refstore import db, db_postgres, db_schema, pgconn
-from aspen_cgi.refstore.store import RefStore, forget_pg_stores
+from aspen_cgi.refstore.registry import forget_pg_stores
+from aspen_cgi.refstore.store import RefStore
 from aspen_cgi.runtime.repository import Repository
 
 from . import harness as h
@@ -188,7 +189,7 @@ def test_a_store_dropped_while_open_is_made_anew_only_by_a_request(tmp_path, pg_
     """`aspen db drop` while stores are open: background work's store (opened
     without making one) fails its next sync and the database stays without
     it; a request's store is made anew with a new import."""
-    from aspen_cgi.refstore.store import drop_database_store
+    from aspen_cgi.refstore.registry import drop_database_store
     repo = h.make_history(tmp_path / "repo.git")
     env = _env(pg_url, repo)
     RefStore.open(Repository.of(str(repo), env)).sync()
@@ -266,7 +267,7 @@ def test_a_store_one_schema_behind_is_migrated_when_opened_by_a_single_node(tmp_
 def test_a_store_one_schema_behind_is_read_and_written_in_its_own_shape_until_it_may_move(tmp_path, pg_url):
     """Nodes of the older Aspen still run (may_migrate False): this Aspen
     writes the store as they do; `aspen db migrate` moves it on, once."""
-    from aspen_cgi.refstore.store import migrate_database_stores
+    from aspen_cgi.refstore.registry import migrate_database_stores
     repo = h.make_history(tmp_path / "repo.git")
     RefStore.open(Repository.of(str(repo), _env(pg_url, repo))).sync()
     side = pgconn.PgConn(pg_url, "public", 1, db.PG_USE_SCHEMA)

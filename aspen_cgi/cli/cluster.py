@@ -12,7 +12,8 @@ from .. import settings as aspen_settings
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from ..refstore import store as refstore  # startup
+    from ..refstore import registry  # startup
+    from ..refstore import store as refstore
     url = args.url or aspen_settings.of(os.environ).refstore_url
     if not url:
         print("aspen db: no database: give its URL or set ASPEN_REFSTORE_URL", file=sys.stderr)
@@ -23,16 +24,16 @@ def cmd_db(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         try:
-            gone = refstore.drop_database_store(url, args.repo)
+            gone = registry.drop_database_store(url, args.repo)
         except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]
             print(f"aspen db drop: {e}", file=sys.stderr)
             return 1
         print(f"aspen db drop: {'dropped' if gone else 'no store of'} {args.repo}")
         return 0 if gone else 1
     if args.action == "migrate":
-        return _db_migrate(refstore, url, args)
+        return _db_migrate(url, args)
     try:
-        stores = refstore.database_stores(url, init=args.action == "init")
+        stores = registry.database_stores(url, init=args.action == "init")
     except refstore.db.Error as e:      # type: ignore[misc]
         print(f"aspen db {args.action}: {e}", file=sys.stderr)
         return 1
@@ -48,35 +49,39 @@ def cmd_db(args: argparse.Namespace) -> int:
             print(f"{sc}  schema {v}  {r}")
     return 0
 
-def _db_migrate(refstore, url: str, args: argparse.Namespace) -> int:
+
+def _db_migrate(url: str, args: argparse.Namespace) -> int:
     """`aspen db migrate`: every store behind moved to this Aspen's schema now."""
+    from ..refstore import db, registry  # startup
     from ..runtime.progress import Bar  # startup
     bar = Bar("aspen db migrate", enabled=not args.json)
     try:
-        moved = refstore.migrate_database_stores(url, bar.update)
-    except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]
+        moved = registry.migrate_database_stores(url, bar.update)
+    except (db.Error, db.Busy) as e:      # type: ignore[misc]
         bar.finish()
         print(f"aspen db migrate: {e}", file=sys.stderr)
         return 1
     bar.finish()
-    newer = [(r, b) for r, b, a in moved if a > refstore.db.SCHEMA_VERSION]
+    newer = [(r, b) for r, b, a in moved if a > db.SCHEMA_VERSION]
     if args.json:
         print(json.dumps([{"repo": r, "before": b, "after": a} for r, b, a in moved]))
     else:
         changed = sum(1 for _, b, a in moved if a != b)
-        print(f"aspen db migrate: {changed} of {len(moved)} store(s) moved to schema {refstore.db.SCHEMA_VERSION}")
+        print(f"aspen db migrate: {changed} of {len(moved)} store(s) moved to schema {db.SCHEMA_VERSION}")
         for r, b in newer:
             print(f"aspen db migrate: {r} is at schema {b}, newer than this Aspen's", file=sys.stderr)
-    return 1 if any(a < refstore.db.SCHEMA_VERSION for _, _, a in moved) else 0
+    return 1 if any(a < db.SCHEMA_VERSION for _, _, a in moved) else 0
+
 
 def cmd_replica(args: argparse.Namespace) -> int:
     """`aspen replica sync`: bring this node's copies to the log."""
-    from ..refstore import store as refstore  # startup
+    from ..refstore import registry  # startup
+    from ..refstore import store as refstore
     from ..runtime.progress import Bar  # startup
     from ..runtime.repository import Repository  # startup
     env = dict(os.environ)
     s = aspen_settings.of(env)
-    if not refstore.replica_mode(s):
+    if not registry.replica_mode(s):
         print("aspen replica: this node is no replica: set ASPEN_REFSTORE_URL and ASPEN_PACK_STORE",
               file=sys.stderr)
         return 2
@@ -87,7 +92,7 @@ def cmd_replica(args: argparse.Namespace) -> int:
             print("aspen replica sync --all: set GIT_PROJECT_ROOT and ASPEN_CLUSTER", file=sys.stderr)
             return 2
         try:
-            known = refstore.database_stores(s.refstore_url)
+            known = registry.database_stores(s.refstore_url)
         except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]
             print(f"aspen replica sync: {e}", file=sys.stderr)
             return 1
@@ -99,7 +104,7 @@ def cmd_replica(args: argparse.Namespace) -> int:
     for path in paths:
         path = os.path.abspath(path)
         served = Repository.of(path, dict(env, GIT_DIR=path))
-        made = not os.path.exists(os.path.join(path, "HEAD")) and refstore.materialize(path, served)
+        made = not os.path.exists(os.path.join(path, "HEAD")) and registry.materialize(path, served)
         if not os.path.isfile(os.path.join(path, "HEAD")):
             print(f"aspen replica sync: {path}: not a repository here, and the log knows none there",
                   file=sys.stderr)

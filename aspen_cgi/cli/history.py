@@ -34,10 +34,13 @@ def open_repo(repo: str):
         RECORDED.append(gitdir)
     return store
 
+
 RECORDED: list[str] = []       # the repositories this command recorded as version 1 (pre-warmed after an import)
+
 
 def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
 
 def _cert_json(cert) -> Optional[dict]:
     """A version's push certificate for `aspen log --json` (its text as UTF-8, undecodable bytes replaced)."""
@@ -47,10 +50,12 @@ def _cert_json(cert) -> Optional[dict]:
             "nonce": cert.nonce, "nonce_status": cert.nonce_status, "nonce_slop": cert.nonce_slop,
             "text": cert.text.decode("utf-8", "replace")}
 
+
 # git's words for each %G? letter (git log's pretty formats)
 SIGNATURE_WORDS = {"G": "good signature", "B": "bad signature", "E": "signature cannot be checked",
                    "X": "good signature, expired", "Y": "good signature, expired key",
                    "R": "good signature, revoked key", "N": "no signature checked"}
+
 
 def _cert_line(cert) -> str:
     """`    signed: good signature by <signer>, key <key>, nonce OK, certificate <blob>`."""
@@ -59,6 +64,7 @@ def _cert_line(cert) -> str:
     slop = f" ({cert.nonce_slop:+d}s)" if cert.nonce_slop is not None else ""
     return (f"    signed: {cert.status} {what}{by}, key {cert.key or '-'}, nonce {cert.nonce_status}{slop}, "
             f"certificate {cert.blob[:12]}\n")
+
 
 def cmd_log(args: argparse.Namespace) -> int:
     store = open_repo(args.repo)
@@ -95,6 +101,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         pass
     return 0
 
+
 def _export_chain(store, path: str) -> int:
     """Every chained version as one JSON line (version, prev, hash, start, text): what
     docs/ref-store.md's auditor procedure checks without Aspen."""
@@ -112,6 +119,7 @@ def _export_chain(store, path: str) -> int:
         print(f"{path}: {n} chained versions", file=sys.stderr)
     return 0
 
+
 def cmd_verify_chain(args: argparse.Namespace, store) -> int:
     rep = store.verify_chain()
     if args.json:
@@ -122,6 +130,7 @@ def cmd_verify_chain(args: argparse.Namespace, store) -> int:
     else:
         print(f"chain broken at version {rep.broken_at}: {rep.why}")
     return 0 if rep.ok else 1
+
 
 def cmd_verify(args: argparse.Namespace) -> int:
     store = open_repo(args.repo)
@@ -139,6 +148,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
               f"{len(rep.problems)} problems")
     return 0 if rep.ok else 1
 
+
 def cmd_compact(args: argparse.Namespace) -> int:
     store = open_repo(args.repo)
     rep = store.compact()
@@ -148,6 +158,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         print(f"compacted: {rep.versions} versions, {rep.nodes_built} segments built now, "
               f"{rep.segments} segments ({rep.segment_rows} ref summaries) over {rep.levels} levels")
     return 0
+
 
 def cmd_query(args: argparse.Namespace) -> int:
     store = open_repo(args.repo)
@@ -172,6 +183,7 @@ def cmd_query(args: argparse.Namespace) -> int:
                       "versions_visited": t.visits.versions, "segments_visited": t.visits.segments}))
     return 0 if t.tips else 1
 
+
 def depth1_entries(items) -> dict[str, int]:
     """Depth-1 clones' entries by what they hold: git's answer (stock, the wide
     one being built), the wide one, or git's kept for good."""
@@ -183,12 +195,14 @@ def depth1_entries(items) -> dict[str, int]:
             counts[label] += 1
     return counts
 
+
 def _who() -> str:
     import pwd  # startup
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return str(os.geteuid())
+
 
 def _rewind(args: argparse.Namespace, store, kind: str, make, through: int, push_id: str) -> int:
     """Make an undo or restore version (push/undo.py) and say what it did."""
@@ -222,11 +236,13 @@ def _rewind(args: argparse.Namespace, store, kind: str, make, through: int, push
         print(f"    objects put back from the packs of versions {', '.join(map(str, done.reinjected))}")
     return 0
 
+
 def cmd_undo(args: argparse.Namespace) -> int:
     from ..push import undo as rewind  # startup
     store = open_repo(args.repo)
     return _rewind(args, store, "undo", lambda: rewind.undo_changes(store, args.version, args.force),
                    args.version - 1, f"undo-{args.version}")
+
 
 def cmd_restore(args: argparse.Namespace) -> int:
     from ..model.pin import PinError, parse  # startup

@@ -50,10 +50,12 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"left to the builder running ({rep.busy})")
     return 0
 
+
 def _search(args: argparse.Namespace, nice: int = 0, threads: int = 0):
     from ..packs.versionpack import DeltaSearch  # startup
     return DeltaSearch(args.window, args.depth, args.compression, reuse_deltas=args.reuse_deltas,
                        threads=args.threads or threads, nice=nice)
+
 
 def _built_now(rep) -> str:
     objects = sum(p.objects for _, p in rep.versions if p)
@@ -63,6 +65,7 @@ def _built_now(rep) -> str:
     return (f"{len(rep.versions)} version packs built now ({objects} objects, {size} bytes); "
             f"{len(rep.segments)} segment packs built now ({seg_objects} objects, {seg_size} bytes)"
             + ("; the import's pack built again with the wide search" if rep.widened else ""))
+
 
 def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bool = True):
     """Build what STORE's repository lacks; with WAIT, a builder found running
@@ -94,6 +97,7 @@ def _import_repo(store, name: str, search, on_version, on_segment, say, wait: bo
                 f"(pid {background.holder_pid(rep.busy_owner)}, {os.path.basename(rep.busy)})")
         _wait_free(rep.busy, rep.busy_owner)
 
+
 def _wait_free(lock: str, owner) -> None:
     """Until LOCK is no longer OWNER's, or OWNER died."""
     from ..packs.background import _holder  # startup
@@ -102,6 +106,7 @@ def _wait_free(lock: str, owner) -> None:
     while _holder(lock) == owner and owner_alive(owner):
         time.sleep(pause)
         pause = min(pause * 1.5, 0.5)
+
 
 def _import_background(args: argparse.Namespace) -> int:
     """What a push starts under CGI (packs/background.py): niced, one
@@ -138,6 +143,7 @@ def _import_background(args: argparse.Namespace) -> int:
         _exit_leaving_store_open(0)
     return 0
 
+
 def _exit_leaving_store_open(code: int) -> None:
     """Exit without closing a store whose repository went: SQLite's close
     would delete the write-ahead log by name, a new repository's if one
@@ -145,6 +151,7 @@ def _exit_leaving_store_open(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
 
 def _import_all(args: argparse.Namespace) -> int:
     import threading  # startup

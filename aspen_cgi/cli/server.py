@@ -16,6 +16,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from ..devserver import serve  # startup
     return serve(args.dir, args.host, args.port, args.workers, allow_push=not args.no_push)
 
+
 def cmd_install_cgi(args: argparse.Namespace) -> int:
     from .. import cgilauncher  # startup
     path = args.path or cgilauncher.installed()
@@ -27,6 +28,7 @@ def cmd_install_cgi(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{path}: starts {python} -IS directly")
     return 0
+
 
 def cmd_resident(args: argparse.Namespace) -> int:
     from .. import resident  # startup
@@ -50,6 +52,7 @@ def cmd_resident(args: argparse.Namespace) -> int:
             state = f"pid {r.pid}, {len(r.workers)} worker(s)" if r.pid else "not running (a stale socket)"
             print(f"{r.socket}: {state}{'' if r.ours else ' (another install)'}")
     return rc
+
 
 def cmd_stats(args: argparse.Namespace) -> int:
     from ..cache import evict, responses, stats  # startup
@@ -110,6 +113,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
               f"pack builds running {server['builds_running']}")
     return 0
 
+
 def _print_metrics(where: str, values: dict) -> None:
     """The server's metrics, family by family: the numbers GET /_aspen/metrics serves."""
     from ..runtime import metrics  # startup
@@ -132,6 +136,7 @@ def _print_metrics(where: str, values: dict) -> None:
         for c, (_, v) in zip(cells, rows):
             text = "  ".join((c[i] if i < len(c) else "-").ljust(widths[i]) for i in range(ncol))
             print(f"    {text}  {metrics.number_text(v)}")
+
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .. import doctor  # startup

@@ -256,7 +256,7 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
             except Exception as e:   # a background nicety: the server's log says why, nothing fails
                 sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
             finally:
-                from ..refstore.store import release_thread  # startup
+                from ..refstore.registry import release_thread  # startup
                 release_thread()
         threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
         return True

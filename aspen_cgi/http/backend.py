@@ -279,7 +279,7 @@ def _handle(req: Request, seen: dict) -> Response:
         if split is not None:
             repo, pin = paths.enter_repo(split[0]), split[1]
     if repo is None and pin is None and (settings.of(env).pack_store or settings.of(env).node_url):
-        from ..refstore.store import materialize  # startup: replicas only
+        from ..refstore.registry import materialize  # startup: replicas only
         from ..runtime.repository import Repository  # startup: replicas only
         if materialize(m.repo_dir, Repository.of(m.repo_dir, env)):
             repo = paths.enter_repo(m.repo_dir)     # a replica's copy of a repository the log knows, made now

@@ -11,7 +11,7 @@ import time
 from typing import Mapping
 
 from .. import settings
-from ..refstore import store as refstore
+from ..refstore import registry
 from ..runtime import admission, metrics
 
 
@@ -42,7 +42,7 @@ def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:
         if not os.path.isfile(store_path):
             _unlink(e.path)                          # the repository (or its store) is gone
             continue
-        n = refstore.unbuilt_count(store_path, url)
+        n = registry.unbuilt_count(store_path, url)
         if n == 0 and age > metrics.PRUNE_S:
             # set the mark aside, then look again: a push that lands meanwhile either is
             # seen now or marks the repository afresh (its kick comes after its version)
@@ -51,7 +51,7 @@ def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:
                 os.rename(e.path, aside)
             except OSError:
                 continue
-            n = refstore.unbuilt_count(store_path, url)
+            n = registry.unbuilt_count(store_path, url)
             if n:
                 os.replace(aside, e.path)
             else:

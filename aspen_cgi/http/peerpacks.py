@@ -12,7 +12,7 @@ from .. import settings
 from ..model.trace import Trace
 from ..refstore import db, peers
 from ..refstore.packstore import PackStore
-from ..refstore.store import pack_root
+from ..refstore.registry import pack_root
 from ..service import FileBody
 from . import headers as H
 from .message import HttpError, Request, Response

@@ -68,7 +68,7 @@ from typing import Callable, Optional
 from .. import settings
 from ..git import gitexec
 from ..refstore.guarded import open_store
-from ..refstore.store import release_thread, store_file_name
+from ..refstore.registry import release_thread, store_file_name
 from ..runtime.owners import owner_alive, owner_id
 from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon
 from ..runtime.repoguard import identity as _ident

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 from ..git.gitexec import child_env
 from ..git.reader import object_info
 from ..model.versions import is_null
-from ..refstore.store import SENT_PREFIX, RefStore
+from ..refstore.registry import SENT_PREFIX
+from ..refstore.store import RefStore
 from . import segmentpack as sp
 from . import spanpack
 from . import versionpack as vp

@@ -30,7 +30,7 @@ from ..protocol.procreceive import RefReport
 from ..protocol.push import ZERO, Command, RefResult
 from ..refstore import db as store_db
 from ..refstore import hookruns
-from ..refstore.store import packs_dir_of, push_pack_store, replica_mode, sent_pack_path
+from ..refstore.registry import packs_dir_of, push_pack_store, replica_mode, sent_pack_path
 from ..runtime.owners import fault
 from ..service import ServiceRefused
 from . import autogc, deploy, intake, procreceive

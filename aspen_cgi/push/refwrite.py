@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 from ..model.versions import ZERO, RefChange, VersionMeta
 from ..refstore import db, diskrefs
-from ..refstore.store import RefStore, replica_mode
+from ..refstore.registry import replica_mode
+from ..refstore.store import RefStore
 from ..runtime.repository import Repository
 
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]

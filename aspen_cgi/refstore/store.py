@@ -21,11 +21,9 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Callable, Iterator, Mapping, Optional, Protocol, Sequence
 
-from .. import settings
 from ..model import refs as refs_mod
 from ..model.pin import Pin, PinError
 from ..model.versions import (
@@ -49,20 +47,23 @@ from ..model.versions import (
 from ..runtime.owners import fault, owner_alive, owner_id
 from ..runtime.repository import Repository
 from ..runtime.statedir import state_dir
-from . import chaining, db, db_postgres, db_schema, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
-from .packstore import PackStore
-
-DISABLE_ENV = "ASPEN_REFSTORE"        # off: serve refs straight from disk, no store (settings.py)
+from . import (
+    chaining,
+    db,
+    db_postgres,
+    diskrefs,
+    fingerprint,
+    hookruns,
+    reflocks,
+    registry,
+    replica,
+    segments,
+    views,
+)
 
 # Crash-test hook: ASPEN_FAULT=<point> makes the process kill itself there.
 LOCK_GRACE = 0.5   # seconds a dead writer's git child gets to drop its own locks
-SENT_PREFIX = "sent-"  # packs/sent-<push id>.pack: the pack a push's client sent, until its version is built
-
-_local = threading.local()
-_snapshots: dict[str, tuple[tuple, list[StoredRef]]] = {}
-_views: dict[tuple, tuple[list[StoredRef], refs_mod.RefSnapshot]] = {}
 _inflight: set[tuple[str, int]] = set()
-_lock = threading.Lock()
 
 
 class PackFacts(Protocol):
@@ -97,279 +98,8 @@ class BoundaryFacts(Protocol):
     def times(self) -> Mapping[str, int]: ...
 
 
-def sent_pack_path(packs_dir: str, push_id: str) -> str:
-    """Where a push keeps the pack its client sent (SENT_PREFIX + push id), for its version's build."""
-    return os.path.join(packs_dir, f"{SENT_PREFIX}{push_id}.pack")
-
-
-def packs_dir_of(repo: Repository) -> Optional[str]:
-    """The packs directory of the repository's store, without opening the store
-    (a push must not open it before it may wait for it); None without a store
-    (with a PostgreSQL store: without the repository's state directory)."""
-    s = repo.settings
-    if _disabled(s):
-        return None
-    sdir = state_dir(repo.gitdir, s)
-    if s.refstore_url:
-        if not os.path.isdir(sdir):
-            return None
-        return push_pack_store(repo).directory if replica_mode(s) else os.path.join(sdir, "packs")
-    return os.path.join(sdir, "packs") if os.path.isfile(os.path.join(sdir, "aspen.sqlite3")) else None
-
-
-def replica_mode(s: settings.Settings) -> bool:
-    """Whether this node is a replica of the log (docs/cluster.md): a
-    PostgreSQL store, and a pack store or a node's URL (packs between nodes)."""
-    return bool(s.refstore and s.refstore_url and (s.pack_store or s.node_url))
-
-
-LOCAL_PACKS = ".aspen-packs"     # under GIT_PROJECT_ROOT: a node's own packs, without a shared pack store
-
-
-def pack_root(s: settings.Settings, project_root: Optional[str]) -> str:
-    """Where a replica keeps packs: the shared pack store, or this node's own
-    directory under PROJECT_ROOT (ASPEN_NODE_URL: packs between nodes)."""
-    if s.pack_store:
-        return s.pack_store
-    root = project_root
-    if not root:
-        raise OSError("ASPEN_NODE_URL is set but GIT_PROJECT_ROOT is not")
-    return os.path.join(root, LOCAL_PACKS)
-
-
-def push_pack_store(repo: Repository) -> PackStore:
-    """The repository's directory in the pack store, without opening its store."""
-    return PackStore(pack_root(repo.settings, repo.project_root), db_postgres.pg_schema(repo_key(repo)))
-
-
-def materialize(repo_dir: str, served: Repository) -> bool:
-    """A replica lacking a repository the log knows (a new node, a lost
-    directory): make it empty at REPO_DIR (or REPO_DIR.git, as the log names
-    it), for its first request's sync to fill. False when there is nothing
-    to make."""
-    s = served.settings
-    if not replica_mode(s):
-        return False
-    for cand in (repo_dir,) if repo_dir.endswith(".git") else (repo_dir, repo_dir + ".git"):
-        if os.path.isfile(os.path.join(cand, "HEAD")):
-            return True                 # made meanwhile, by another request
-        if os.path.lexists(cand):
-            continue
-        try:
-            if not db_postgres.pg_known(s.refstore_url, repo_key(served.at(cand))):
-                continue
-            os.makedirs(os.path.dirname(cand), exist_ok=True)
-        except (OSError, db.Error, db.Busy):
-            return False
-        return replica.init_bare(served.at(cand))
-    return False
-
-
-def store_file_name(s: settings.Settings) -> str:
-    """The file in a repository's state that says it has a store: the SQLite
-    file, or the record of its PostgreSQL store."""
-    return PG_RECORD if s.refstore_url else "aspen.sqlite3"
-
-
-def repo_key(repo: Repository) -> str:
-    """The name a PostgreSQL store knows the repository by: its absolute
-    path; with ASPEN_CLUSTER, that name, a colon and its path under
-    GIT_PROJECT_ROOT (the request's, else the process's), the same on every
-    node serving that tree."""
-    real = os.path.realpath(repo.gitdir)
-    cluster = repo.settings.cluster
-    if cluster:
-        root = repo.project_root
-        if not root:
-            raise OSError("ASPEN_CLUSTER is set but GIT_PROJECT_ROOT is not")
-        top = os.path.realpath(root).rstrip("/")
-        if not real.startswith(top + "/"):
-            raise OSError(f"{real} is not under GIT_PROJECT_ROOT ({top})")
-        return f"{cluster}:{real[len(top) + 1:]}"
-    return real
-
-
-_pg_generation = 0
-
-
-def forget_pg_stores() -> None:
-    """Every thread looks its PostgreSQL stores up again (they were dropped: `aspen db drop`, tests)."""
-    global _pg_generation
-    _pg_generation += 1
-    with _lock:
-        _snapshots.clear()
-        _views.clear()
-
-
-def database_stores(url: str, init: bool = False) -> list[tuple[str, str, int]]:
-    """(repository, schema, schema version) of every store in the PostgreSQL
-    database at URL; INIT: make its list of stores first (`aspen db init`)."""
-    conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
-    if init:
-        db.retry(lambda: db_postgres.pg_init(conn))
-    return db.retry(lambda: db_postgres.pg_stores(conn))
-
-
-def migrate_database_stores(url: str, progress: Optional[Callable[[int, int], None]] = None
-                             ) -> list[tuple[str, int, int]]:
-    """Move every store in the database at URL that is behind to this
-    Aspen's schema (`aspen db migrate`): (repository, schema before, after)
-    of each. PROGRESS(done, total) after each store."""
-    listing = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
-    stores = db.retry(lambda: db_postgres.pg_stores(listing))
-    out = []
-    for i, (repo, schema, before) in enumerate(stores):
-        after = before
-        if db_schema.OLDEST_STORE <= before < db.SCHEMA_VERSION:
-            conn = db.pgconn.PgConn(url, schema, 1, db.PG_USE_SCHEMA)
-            after = db.retry(lambda: db_postgres.pg_migrate(conn, repo))
-        out.append((repo, before, after))
-        if progress is not None:
-            progress(i + 1, len(stores))
-    forget_pg_stores()
-    return out
-
-
-def drop_database_store(url: str, repo: str) -> bool:
-    """Remove the store of the repository known as REPO (`aspen db drop`); False: there was none."""
-    conn = db.pgconn.PgConn(url, "public", 1, db.PG_USE_SCHEMA)
-    gone = db.retry(lambda: db_postgres.pg_drop(conn, repo))
-    forget_pg_stores()
-    return gone
-
-
-PG_RECORD = "aspen.pg"     # in a repository's state: the name and token of its store in PostgreSQL
-
-
-def read_record(record: str) -> tuple[str, str]:
-    """(the name of the store, the token of its making) that a repository's
-    record of its PostgreSQL store says; ("", "") when there is none."""
-    try:
-        with open(record, encoding="utf-8", errors="surrogateescape") as f:
-            named, known = (f.read().split("\n") + ["", ""])[:2]
-        return named, known
-    except FileNotFoundError:
-        return "", ""
-
-
-def unbuilt_count(path: str, url: Optional[str]) -> Optional[int]:
-    """db.unbuilt_count() of the store whose file (SQLite's) or record
-    (PostgreSQL's, in the database at URL) is PATH."""
-    if path.endswith(PG_RECORD):
-        named = read_record(path)[0]
-        return db_postgres.pg_unbuilt_count(url, named) if url and named else None
-    return db.unbuilt_count(path)
-
-
-def _pg_connection(record: str, repo: Repository, create: bool) -> Optional[db.Conn]:
-    """One connection per thread and repository of a PostgreSQL store (it
-    borrows the process's pool's for each statement or transaction). RECORD
-    (in the repository's state) names the store, as first opened, and the
-    token of its making: a store in the database that the repository's
-    state does not record was an earlier repository's (db_postgres.connect_pg). A
-    record naming another repository came with a copy of that one's files."""
-    conns = getattr(_local, "pg", None)
-    if conns is None or getattr(_local, "pg_pid", None) != (os.getpid(), _pg_generation):
-        conns = _local.pg = {}
-        _local.pg_pid = (os.getpid(), _pg_generation)
-    ident = _file_id(record)
-    cached = conns.get(record)
-    if cached is not None and cached[1] == ident:
-        return cached[0]
-    key = repo_key(repo)
-
-    def known() -> Optional[str]:
-        named, token = read_record(record)
-        return token if named == key and token else None    # a copied state names another repository
-
-    def keep(token: str) -> None:
-        tmp = f"{record}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(f"{key}\n{token}\n")
-        os.replace(tmp, record)
-
-    s = repo.settings
-    conn = db_postgres.connect_pg(s.refstore_url, key, s.refstore_pool, create, known, keep, adopt=replica_mode(s),
-                                  may_migrate=lambda: may_migrate(s))
-    if conn is None:
-        return None
-    ident = _file_id(record)
-    conns[record] = (conn, ident)
-    return conn
-
-
-def may_migrate(s: settings.Settings) -> bool:
-    """Whether a store one migration behind may be moved on now: every node
-    of the cluster reads the result (one node: always). With a shared pack
-    store the nodes are not listed: `aspen db migrate` once each runs this Aspen."""
-    if not replica_mode(s):
-        return True
-    if not s.node_url:
-        return False
-    from . import peers  # startup: a cluster's nodes only
-    return peers.all_read(s, db.SCHEMA_VERSION)
-
-
-def node_name(s: settings.Settings) -> str:
-    """What the log records as the node that took a version."""
-    import socket  # startup: only where a version is written
-    return s.node_url or socket.gethostname()
-
-
 _MIGRATE_EVERY_S = 10.0
 _migrate_checked: dict[str, float] = {}
-
-
-def _disabled(s: settings.Settings) -> bool:
-    return not s.refstore
-
-
-def _file_id(path: str) -> Optional[tuple[int, int]]:
-    try:
-        st = os.stat(path)
-        return (st.st_dev, st.st_ino)
-    except OSError:
-        return None
-
-
-def _connection(path: str) -> db.Conn:
-    """One connection per thread and file, dropped after a fork, and
-    reopened when the file was deleted or replaced (`rm -r aspen/` re-imports)."""
-    conns = getattr(_local, "conns", None)
-    if conns is None or getattr(_local, "pid", None) != os.getpid():
-        conns = _local.conns = {}
-        _local.pid = os.getpid()
-    cached = conns.get(path)
-    if cached is not None and cached[1] == _file_id(path):
-        return cached[0]
-    if cached is not None:
-        try:
-            cached[0].close()
-        except db.Error:
-            pass
-        with _lock:
-            _snapshots.pop(path, None)
-    conn = db.connect(path)
-    conns[path] = (conn, _file_id(path))
-    return conn
-
-
-def release_thread() -> None:
-    """Close the connections this thread opened, as it ends (a builder's): one
-    left to the thread's end is freed by the cycle collector only, its
-    statements with it, in a pause of whichever request runs then. One whose
-    file was deleted or replaced meanwhile is left open (closing deletes the
-    write-ahead log by name)."""
-    conns = getattr(_local, "conns", None)
-    if conns is None or getattr(_local, "pid", None) != os.getpid():
-        return
-    for path, (conn, ident) in list(conns.items()):
-        if ident is not None and _file_id(path) == ident:
-            try:
-                conn.close()
-            except db.Error:
-                continue
-            del conns[path]
 
 
 class RefStore:
@@ -390,10 +120,10 @@ class RefStore:
         database, and the state directory keeps its record beside its packs
         and ref-lock claims."""
         s, gitdir = repo.settings, repo.gitdir
-        if _disabled(s):
+        if registry.disabled(s):
             return None
         sdir = state_dir(gitdir, s)
-        path = os.path.join(sdir, store_file_name(s))
+        path = os.path.join(sdir, registry.store_file_name(s))
         try:
             kept = not s.refstore_url and os.path.exists(path)          # a SQLite file opens without HEAD
             if not kept and not os.path.isfile(os.path.join(gitdir, "HEAD")):
@@ -409,10 +139,10 @@ class RefStore:
                 else:
                     os.makedirs(sdir, exist_ok=True)
             if s.refstore_url:
-                conn = db.retry(lambda: _pg_connection(path, repo, create))
+                conn = db.retry(lambda: registry.pg_connection(path, repo, create))
                 return None if conn is None else cls(repo, conn, path, create)
             # a file locked by another process is waited for within the caller's patience (db.Busy after)
-            return cls(repo, db.retry(lambda: _connection(path)), path)
+            return cls(repo, db.retry(lambda: registry.sqlite_connection(path)), path)
         except (OSError, db.Error) as e:
             if log is not None and isinstance(e, db.pgconn.Unavailable):
                 log.append(f"aspen: ref store unavailable ({e}); serving refs from disk\n")
@@ -441,10 +171,8 @@ class RefStore:
         return self.version
 
     def _reconnect(self) -> None:
-        conns = getattr(_local, "pg", None)
-        if conns is not None:
-            conns.pop(self.path, None)
-        conn = db.retry(lambda: _pg_connection(self.path, self.repo, self.create))
+        registry.forget_pg_connection(self.path)
+        conn = db.retry(lambda: registry.pg_connection(self.path, self.repo, self.create))
         if conn is None:
             raise db.pgconn.StoreError("the store was dropped")
         self.conn = conn
@@ -453,11 +181,11 @@ class RefStore:
     def replica_root(self) -> Optional[str]:
         """The pack store's root when this node is a replica of the log, else None."""
         s = self.repo.settings
-        return pack_root(s, self.repo.project_root) if replica_mode(s) else None
+        return registry.pack_root(s, self.repo.project_root) if registry.replica_mode(s) else None
 
     @property
     def node(self) -> str:
-        return node_name(self.repo.settings)
+        return registry.node_name(self.repo.settings)
 
     def _move_on(self) -> None:
         """A store still one migration behind (nodes of the older Aspen were
@@ -469,12 +197,12 @@ class RefStore:
         if now - _migrate_checked.get(self.path, -_MIGRATE_EVERY_S) < _MIGRATE_EVERY_S:
             return
         _migrate_checked[self.path] = now
-        if may_migrate(self.repo.settings):
-            self.conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(self.conn, repo_key(self.repo)))
+        if registry.may_migrate(self.repo.settings):
+            self.conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(self.conn, registry.repo_key(self.repo)))
 
     def _made(self) -> str:
         """The token of the making of this PostgreSQL store, as the state records it."""
-        return read_record(self.path)[1]
+        return registry.read_record(self.path)[1]
 
     def catch_up(self, progress: Optional[Callable[[int, int], None]] = None) -> tuple[int, int]:
         """A replica brought to the log now (`aspen replica sync`): (the version
@@ -662,17 +390,17 @@ class RefStore:
 
     def _stored_rows(self) -> list[StoredRef]:
         latest, _, pending = db.head(self.conn)
-        made = _file_id(self.path)        # a store dropped and made anew counts its versions from 1 again
+        made = registry.file_id(self.path)        # a store dropped and made anew counts its versions from 1 again
         key = (latest, pending, made)
-        with _lock:
-            hit = _snapshots.get(self.path)
+        with registry.cache_lock:
+            hit = registry.cached_rows.get(self.path)
         if hit is not None and hit[0] == key:
             return hit[1]
         with db.reading(self.conn) as conn:
             latest, _, pending = db.head(conn)
             rows = db.all_refs(conn)
-        with _lock:
-            _snapshots[self.path] = ((latest, pending, made), rows)
+        with registry.cache_lock:
+            registry.cached_rows[self.path] = ((latest, pending, made), rows)
         return rows
 
     def snapshot(self, namespace: Optional[str] = None) -> refs_mod.RefSnapshot:
@@ -692,16 +420,16 @@ class RefStore:
               same: Optional[list[StoredRef]] = None) -> refs_mod.RefSnapshot:
         """The snapshot of ROWS() kept under KEY; with SAME, only while it was made from that
         very list (KEY holds its id, which a later list may reuse)."""
-        with _lock:
-            hit = _views.get(key)
+        with registry.cache_lock:
+            hit = registry.cached_views.get(key)
         if hit is not None and (same is None or hit[0] is same):
             return hit[1]
         got = rows()
         snap = views.to_snapshot(got, self.repo, namespace)
-        with _lock:
-            if len(_views) > 256:
-                _views.clear()
-            _views[key] = (got, snap)
+        with registry.cache_lock:
+            if len(registry.cached_views) > 256:
+                registry.cached_views.clear()
+            registry.cached_views[key] = (got, snap)
         return snap
 
     # -- writing -------------------------------------------------------------------------------
@@ -847,7 +575,7 @@ class RefStore:
 
     def _insert_replica(self, conn: db.Conn, changes: Sequence[RefChange], meta: VersionMeta,
                         tried: list[tuple[str, int]]) -> "int | str":
-        refused = db_postgres.writable_schema(conn, repo_key(self.repo))
+        refused = db_postgres.writable_schema(conn, registry.repo_key(self.repo))
         if refused:     # a newer Aspen's node moved it on: write nothing it may not read
             return refused
         current = db.refs_named(conn, [c.ref for c in changes])
@@ -928,7 +656,7 @@ class RefStore:
         push_id = db.version_push_id(self.conn, version)
         if not push_id:
             return None
-        path = sent_pack_path(self.packs_dir, push_id)
+        path = registry.sent_pack_path(self.packs_dir, push_id)
         return path if os.path.exists(path) else None
 
     def record_version_pack(self, version: int, built: Optional[PackFacts], boundary: BoundaryFacts,
@@ -1217,5 +945,3 @@ class RefStore:
         """The store against itself, the refs on disk and the objects."""
         from .verify import verify  # startup
         return verify(self.conn, self.repo, progress)
-
-

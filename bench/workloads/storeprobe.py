@@ -46,7 +46,8 @@ class Probe:
         self.store = None
 
     def __enter__(self) -> "Probe":
-        from aspen_cgi.refstore.store import RefStore, state_dir, store_file_name
+        from aspen_cgi.refstore.registry import store_file_name
+        from aspen_cgi.refstore.store import RefStore, state_dir
         env = dict(os.environ)
         if os.path.exists(os.path.join(state_dir(self.gitdir, settings.of(env)),
                                        store_file_name(settings.of(env)))):
@@ -58,8 +59,8 @@ class Probe:
     def __exit__(self, *exc) -> None:
         if self.store is None:
             return
-        from aspen_cgi.refstore import store as store_mod  # drop the cached per-thread connection
-        conns = getattr(store_mod._local, "conns", None) or {}
+        from aspen_cgi.refstore import registry  # drop the cached per-thread connection
+        conns = getattr(registry._local, "conns", None) or {}
         conn = conns.pop(self.store.path, None)
         if isinstance(conn, tuple):       # (connection, file id) in newer stores
             conn = conn[0]
