@@ -12,6 +12,7 @@ from .. import settings
 from ..model.versions import ZERO, RefChange, VersionMeta
 from ..refstore import db, diskrefs
 from ..refstore.store import RefStore, replica_mode
+from ..runtime import pollfiles
 
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]
 
@@ -32,9 +33,21 @@ def transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], 
                 trace: Optional[dict] = None) -> Optional[str]:
     """Apply CHANGES all or nothing. None on success, else git's error text
     (without its `fatal: ` prefix), as stock's rp_error shows it. TRACE (the
-    request's) counts `pushed_versions`: versions the store committed."""
+    request's) counts `pushed_versions`: versions the store committed.
+
+    Whatever the outcome, the repository's poll files (runtime/pollfiles.py)
+    are removed before this returns, so before the push is acknowledged."""
     if not changes:
         return None
+    try:
+        return _transaction(store, gitdir, env, changes, meta, log, fast, trace)
+    finally:
+        if not pollfiles.invalidate(gitdir, settings.of(env)) and log is not None:
+            log.append(f"aspen: poll files of {gitdir} not removed (ASPEN_POLL_DIR cannot be written)\n")
+
+
+def _transaction(store: Optional[RefStore], gitdir: str, env: Mapping[str, str], changes: Sequence[RefChange],
+                 meta: VersionMeta, log: Optional[list], fast: bool, trace: Optional[dict]) -> Optional[str]:
     replica = replica_mode(settings.of(env))
     if store is None and replica:
         if log is not None:

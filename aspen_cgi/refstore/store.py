@@ -46,6 +46,7 @@ from ..model.versions import (
     Visits,
     is_null,
 )
+from ..runtime import pollfiles
 from ..runtime.owners import fault, owner_alive, owner_id
 from ..runtime.statedir import state_dir
 from . import chaining, db, diskrefs, fingerprint, hookruns, reflocks, replica, segments, views
@@ -562,6 +563,8 @@ class RefStore:
             if forward and diskrefs.apply(self.gitdir, self.env, forward, "push (recovered by aspen)"):
                 void += [c.ref for c in forward]
             self._finish(vid, void)
+            if forward:
+                pollfiles.invalidate(self.gitdir, settings.of(self.env))
             done += 1
         return done
 
