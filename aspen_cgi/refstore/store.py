@@ -563,8 +563,7 @@ class RefStore:
             if forward and diskrefs.apply(self.gitdir, self.env, forward, "push (recovered by aspen)"):
                 void += [c.ref for c in forward]
             self._finish(vid, void)
-            if forward:
-                pollfiles.invalidate(self.gitdir, settings.of(self.env))
+            pollfiles.invalidate(self.gitdir, settings.of(self.env))    # the advertisement shows it from now
             done += 1
         return done
 
