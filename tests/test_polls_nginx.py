@@ -76,7 +76,7 @@ def from_file(stack: Stack, path: str, headers: dict, tries: int = 200) -> tuple
     for _ in range(tries):
         before = served(stack)
         got = http(stack, "GET", path, headers)
-        if served(stack) > before + 0:
+        if served(stack) > before:
             return got
         time.sleep(0.02)
     raise AssertionError(f"nginx never answered {path} from a poll file")
