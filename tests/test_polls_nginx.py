@@ -256,12 +256,17 @@ def quiet_repo(tmp_path):
 def test_which_answers_become_files(quiet_repo, tmp_path):
     polls = tmp_path / "polls"
     gitdir = quiet_repo / "repo.git"
-    r = harness.wsgi(_env(quiet_repo, polls))
-    assert r.status == 200
+    r = harness.wsgi(_env(quiet_repo, polls, ASPEN_ACCESS_LOG="1"))
+    assert r.status == 200 and b" pollfile=written" in r.stderr
+    again = harness.wsgi(_env(quiet_repo, polls, ASPEN_ACCESS_LOG="1"))   # this second's file is there (current), or the next second's
+    assert again.body == r.body and re.search(rb" pollfile=(current|written)\n", again.stderr)
     names = os.listdir(pollfiles.repo_dir(str(polls), str(gitdir)))
     second = [n for n in names if n.startswith("upload-pack.v0.")]
     assert len(second) == 1 and (polls / "urls" / "repo.git" / "info" / "refs" / second[0]).read_bytes() == r.body
     assert os.readlink(polls / "urls" / "repo.git" / "info" / "refs") == pollfiles.repo_dir(str(polls), str(gitdir))
+    sec = int(second[0].rsplit(".", 1)[1])
+    assert pollfiles.current(str(polls), str(gitdir), "upload-pack.v0", now=sec + 0.5)
+    assert not pollfiles.current(str(polls), str(gitdir), "upload-pack.v0", now=sec + 1)
     shutil.rmtree(polls)
     # none of these: a user, another query spelling, protocol v1, a POST, the push service, no files
     for extra in ({"REMOTE_USER": "alice"}, {"QUERY_STRING": "service=git%2Dupload-pack"},
@@ -271,6 +276,11 @@ def test_which_answers_become_files(quiet_repo, tmp_path):
         harness.wsgi(_env(quiet_repo, polls, **extra))
         assert not (polls / "repos").exists() or not any(
             n for d in (polls / "repos").iterdir() for n in os.listdir(d) if not n.startswith(".")), extra
+    # not exported (no GIT_HTTP_EXPORT_ALL, no git-daemon-export-ok): 404, no file
+    env = _env(quiet_repo, polls)
+    del env["GIT_HTTP_EXPORT_ALL"]
+    assert harness.wsgi(env).status == 404
+    assert not (polls / "repos").exists()
     # refused: no file
     git("config", "http.uploadpack", "false", cwd=str(gitdir))
     assert harness.wsgi(_env(quiet_repo, polls)).status == 403
@@ -309,6 +319,13 @@ def test_racy_inputs_and_invalidation(quiet_repo, tmp_path):
     assert len([n for n in os.listdir(rdir) if not n.startswith(".")]) == 2
     assert pollfiles.invalidate(gitdir, s)
     assert sorted(os.listdir(rdir)) == [".gen", ".lock"]
+
+
+def test_poll_files_counter():
+    from aspen_cgi.runtime import metrics
+    got = dict(metrics.series("GET", 200, 10, {"service": "upload-pack", "pollfile": "racy"}))
+    assert got['aspen_poll_files_total{result="racy"}'] == 1
+    assert not any(k.startswith("aspen_poll_files_total") for k, _ in metrics.series("GET", 200, 10, {}))
 
 
 def test_url_spelling():
