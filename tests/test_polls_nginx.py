@@ -201,6 +201,22 @@ def test_a_config_change_is_served_within_the_window(stack):
     git("config", "--unset", "http.uploadpack", cwd=str(stack.root / "config.git"))
 
 
+def test_an_outside_ref_change_is_served_within_the_window(stack):
+    """A ref moved on the server's disk by git itself (not through Aspen): the next poll after the
+    seconds the last file names shows it, through nginx and through git."""
+    server = stack.root / "polls.git"
+    path = "/polls.git/info/refs?service=git-upload-pack"
+    from_file(stack, path, {})
+    old = out("rev-parse", "refs/heads/main", cwd=str(server))
+    git("update-ref", "refs/heads/outside", old, cwd=str(server))
+    changed = time.time()
+    time.sleep(max(0.0, int(changed) + settings.of(stack.env).poll_window - time.time()) + 0.05)
+    status, _, body = http(stack, "GET", path, {})
+    assert status == 200 and f"{old} refs/heads/outside".encode() in body
+    assert "refs/heads/outside" in out("ls-remote", stack.url("polls.git"))
+    git("update-ref", "-d", "refs/heads/outside", cwd=str(server))
+
+
 def test_every_poll_is_counted_once(stack):
     """Polls nginx answered from files (its log, aspen_polls_from_files_total) plus the ones Aspen
     answered (its access lines) are all the polls sent."""
