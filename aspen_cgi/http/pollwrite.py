@@ -62,12 +62,13 @@ def begin(env: Mapping[str, str], gitdir: str, started_ns: int, trace: dict) -> 
 
 def finish(p: Pending, resp: Response, env: Mapping[str, str]) -> None:
     """Write the answer RESP as the poll file P, when it may be one; the result goes in its trace (`pollfile=`)."""
-    repo = replay._repo_dir(env)
-    if resp.status != 200 or not resp.trace.get("replayable") or repo is None:
+    if resp.status != 200 or not resp.trace.get("replayable"):
         return
     if not isinstance(resp.body, list) or len(resp.body) != 1 or not isinstance(resp.body[0], bytes):
         return
+    inputs = replay.inputs_of(env, p.gitdir)
+    if inputs is None:
+        return
     body = resp.body[0]
-    inputs = replay._inputs(repo, p.gitdir, env)
     resp.trace["pollfile"] = pollfiles.publish(p.base, p.gitdir, p.url, p.kind, body, inputs, p.started_ns, p.gen,
                                                settings.of(env).poll_window)
