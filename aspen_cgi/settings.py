@@ -142,6 +142,18 @@ TABLE = (
     ("ASPEN_REPLICAS", "replicas", COUNT, 2, "`2`", None,
      "with ASPEN_NODE_URL: on how many nodes a push's pack is kept before the push is acknowledged (at most "
      "the number of nodes the cluster has)"),
+    # poll files (nginx answers pollers from them: docs/polls.md)
+    ("ASPEN_POLL_DIR", "poll_dir", PATH, None, "unset: `<ASPEN_RUN_DIR>/polls`", None,
+     "keep each repository's current upload-pack advertisements (v0, v2) here as files, by URL, for nginx "
+     "to answer `info/refs` polls from (nginx/aspen.conf)"),
+    ("ASPEN_POLL_WINDOW", "poll_window", COUNT0, 1, "`1`", None,
+     "a poll file is served for this many seconds after Aspen last checked what the advertisement is made "
+     "of, then Aspen answers the next poll and writes it again (a change Aspen does not make, e.g. a "
+     "`git update-ref` on the server, shows within this long; a push through Aspen at once); `0`: no "
+     "poll files"),
+    ("ASPEN_POLL_LOG", "poll_log", PATH, None, "unset", "a file",
+     "nginx's log of the polls it answered from poll files (nginx/aspen.conf: two bytes a poll), counted "
+     "as `aspen_polls_from_files_total` in the metrics"),
     # limits
     ("ASPEN_MAX_PUSH_BYTES", "max_push_bytes", SIZE, 0, "`0` (unlimited)", None,
      "a push's request body, raw and inflated: over it, `413`, no ref changes"),

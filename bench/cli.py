@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     fz.add_argument("--workdir", type=Path, help="scratch directory (default: a fresh temporary one)")
     fz.add_argument("--keep", action="store_true", help="keep the scratch directory")
     fz.set_defaults(func=cmd_fuzz)
+
+    from .polls import add_parser as add_polls
+    add_polls(sub)
     return p
 
 

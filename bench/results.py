@@ -64,7 +64,9 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             "cpu_fetches", "cpu_failures", "history", "history_push_failures", "protocol",
             # busy-repo: Aspen's waits for pack builds, the script's counts, stock-maintained's set-up
             "build_waited", "build_wait_max_ms", "build_wait_over_50ms", "events", "events_skipped", "ops",
-            "burst_pushes", "push_failures", "behind_max", "repack_s", "repacked", "bytes_total")
+            "burst_pushes", "push_failures", "behind_max", "repack_s", "repacked", "bytes_total",
+            # polls: what nginx answered from poll files, polls that missed a push, the pollers beside it
+            "from_files", "stale_polls", "background_polls", "threads")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
 WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
                   "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",

@@ -34,14 +34,19 @@ CONF = REPO_DIR / "nginx" / "aspen.conf"
 UNIT = REPO_DIR / "nginx" / "aspen-gunicorn.service"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 UNIT_SOCKET = "/run/aspen/gunicorn.sock"
+UNIT_POLL_DIR = "/run/aspen/polls"
+UNIT_POLL_LOG = "/var/log/nginx/aspen-polls.log"
 USER, PASSWORD = "alice", "s3cret-pw"
 
 
 # -- the shipped files, filled in ---------------------------------------------------------------
 
-def service_command(venv: str, project_root: str, sock: str) -> tuple[list[str], dict[str, str]]:
-    """ExecStart's argv and the Environment= settings of the shipped unit, placeholders filled."""
-    subst = {"@VENV@": venv, "@GIT_PROJECT_ROOT@": project_root, UNIT_SOCKET: sock}
+def service_command(venv: str, project_root: str, sock: str, poll_dir: str = UNIT_POLL_DIR,
+                    poll_log: str = UNIT_POLL_LOG) -> tuple[list[str], dict[str, str]]:
+    """ExecStart's argv and the Environment= settings of the shipped unit, placeholders filled
+    (and its paths under /run/aspen and /var/log/nginx moved to POLL_DIR and POLL_LOG)."""
+    subst = {"@VENV@": venv, "@GIT_PROJECT_ROOT@": project_root, UNIT_SOCKET: sock, UNIT_POLL_DIR: poll_dir,
+             UNIT_POLL_LOG: poll_log}
     argv, env = None, {}
     for line in UNIT.read_text().splitlines():
         for k, v in subst.items():
@@ -56,9 +61,10 @@ def service_command(venv: str, project_root: str, sock: str) -> tuple[list[str],
     return argv, env
 
 
-def server_block(listen: str, upstream: str, htpasswd: str) -> str:
+def server_block(listen: str, upstream: str, htpasswd: str, poll_dir: str, poll_log: str) -> str:
     text = CONF.read_text()
-    for k, v in {"@LISTEN@": listen, "@UPSTREAM@": upstream, "@HTPASSWD@": htpasswd}.items():
+    for k, v in {"@LISTEN@": listen, "@UPSTREAM@": upstream, "@HTPASSWD@": htpasswd, "@POLL_DIR@": poll_dir,
+                 "@POLL_LOG@": poll_log}.items():
         assert k in text, k
         text = text.replace(k, v)
     assert not re.search(r"@[A-Z_]+@", text)
@@ -80,6 +86,7 @@ class Stack:
     def __init__(self, base: Path, root: Path):
         self.base, self.root = base, root        # base: nginx's files and the socket (world-traversable)
         self.sock = str(base / "gunicorn.sock")
+        self.poll_dir, self.poll_log = str(base / "polls"), str(base / "aspen-polls.log")
         self.proc = self.nginx = None
         self.env: dict[str, str] = {}
         self.port = 0
@@ -87,8 +94,10 @@ class Stack:
     # harness.track wants .root, .env and .proc (gunicorn): its stores are verified once it stops.
 
     def start_gunicorn(self) -> None:
-        argv, self.env = service_command(str(Path(sys.executable).parent.parent), str(self.root), self.sock)
+        argv, self.env = service_command(str(Path(sys.executable).parent.parent), str(self.root), self.sock,
+                                         self.poll_dir, self.poll_log)
         assert self.env.get("ASPEN_REMOTE_USER_HEADER") == "X-Remote-User"
+        assert self.env.get("ASPEN_POLL_DIR") == self.poll_dir and self.env.get("ASPEN_POLL_LOG") == self.poll_log
         env = dict(os.environ)
         env.update(self.env)
         env["ASPEN_ACCESS_LOG"] = "1"
@@ -116,7 +125,8 @@ class Stack:
         for attempt in range(5):
             self.port = harness.free_port()
             (self.base / "aspen.conf").write_text(
-                server_block(f"127.0.0.1:{self.port}", f"unix:{self.sock}", str(htpasswd)))
+                server_block(f"127.0.0.1:{self.port}", f"unix:{self.sock}", str(htpasswd), self.poll_dir,
+                             self.poll_log))
             b = self.base
             user = "user {} {};\n".format(*nobody()[:2]) if os.geteuid() == 0 else ""
             (b / "nginx.conf").write_text(

@@ -22,7 +22,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
     for key in ("version", "pin", "reinjected", "cache", "entry", "depth1", "queued_ms", "plan", "why", "unproved",
                 "build_wait_ms", "plan_us", "checked", "ready_by", "check_us", "visits", "extents", "span", "commands",
-                "objects", "push", "proc_receive", "adopted", "phases", "replayed", "resident", "ended"):
+                "objects", "push", "proc_receive", "adopted", "phases", "replayed", "resident", "pollfile", "ended"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"

@@ -5,6 +5,7 @@ export check, configuration, then one handler. Returns a Response; adapters
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
@@ -61,7 +62,7 @@ def _getanyfile(config: RepoConfig, prefix) -> None:
 
 def handle(req: Request) -> Response:
     """Answer one request. Never raises: every failure is a Response."""
-    seen: dict = {}
+    seen: dict = {"started_ns": time.time_ns()}     # before anything is read (http/pollwrite.py)
     where = _metrics_dir(req.env)
     try:
         resp = _handle(req, seen)
@@ -164,8 +165,16 @@ def _info_refs(c: _Call) -> Response:
     svc = select_service(params["service"], c.config, c.env, prefix)
     if svc == "receive-pack" and c.pin is not None:
         return _read_only(c, prefix)
+    poll = None
+    if svc == "upload-pack" and c.pin is None:
+        from . import pollwrite  # startup: only where a poll file may be written
+        poll = pollwrite.begin(c.env, c.repo.gitdir, c.seen["started_ns"], c.seen)
     resp = _advertise(svc, c.context(), prefix)
     resp.trace["service"] = svc
+    if poll is not None:
+        pollwrite.finish(poll, resp, c.env)
+    elif "pollfile" in c.seen:
+        resp.trace["pollfile"] = c.seen["pollfile"]
     return resp
 
 

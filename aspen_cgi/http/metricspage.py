@@ -12,7 +12,7 @@ from typing import Mapping
 
 from .. import settings
 from ..refstore import registry
-from ..runtime import admission, metrics
+from ..runtime import admission, metrics, pollfiles
 
 
 def backlog(where: str, url: "str | None" = None) -> tuple[int, int]:
@@ -86,4 +86,7 @@ def snapshot(env: Mapping[str, str]) -> dict[str, float]:
     for name in metrics.UNLABELLED:
         out.setdefault(name, 0)
     out.update(gauges(env, where))
+    polls = pollfiles.served(settings.of(env))
+    if polls is not None:
+        out["aspen_polls_from_files_total"] = polls
     return out

@@ -338,6 +338,13 @@ def _inputs(repo: str, gitdir: str, env: Mapping[str, str]) -> list[str]:
     return paths + ref_dirs(gitdir) + sources(gitdir, env)
 
 
+def inputs_of(env: Mapping[str, str], gitdir: str) -> Optional[list[str]]:
+    """The files the answer to ENV's request (repository GITDIR) is computed
+    from, as record() watches them; None where stock would refuse the path."""
+    repo = _repo_dir(env)
+    return None if repo is None else _inputs(repo, gitdir, env)
+
+
 def ref_dirs(gitdir: str) -> list[str]:
     """refs/ and every directory under it: git renames a ref's lock into place,
     which changes its directory."""

@@ -37,6 +37,8 @@ FIELDS = {
     "replay_effects": "what a replay of the answer does beside sending it",
     "replayed": "the CGI program sent a recorded answer",
     "resident": "the CGI program handed the request to its resident process (aspen_cgi/resident.py)",
+    "pollfile": "an info/refs poll's answer kept for nginx (runtime/pollfiles.py): written, current, racy, moved, "
+                "error",
     # the planner
     "plan": "planned, fallback or refused",
     "why": "why git answers, or how a planned v0 round ended",

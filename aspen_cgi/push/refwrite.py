@@ -12,6 +12,7 @@ from ..model.versions import ZERO, RefChange, VersionMeta
 from ..refstore import db, diskrefs
 from ..refstore.registry import replica_mode
 from ..refstore.store import RefStore
+from ..runtime import pollfiles
 from ..runtime.repository import Repository
 
 __all__ = ["ZERO", "RefChange", "VersionMeta", "transaction"]
@@ -33,9 +34,21 @@ def transaction(store: Optional[RefStore], repo: Repository, changes: Sequence[R
                 trace: Optional[dict] = None) -> Optional[str]:
     """Apply CHANGES all or nothing. None on success, else git's error text
     (without its `fatal: ` prefix), as stock's rp_error shows it. TRACE (the
-    request's) counts `pushed_versions`: versions the store committed."""
+    request's) counts `pushed_versions`: versions the store committed.
+
+    Whatever the outcome, the repository's poll files (runtime/pollfiles.py)
+    are removed before this returns, so before the push is acknowledged."""
     if not changes:
         return None
+    try:
+        return _transaction(store, repo, changes, meta, log, fast, trace)
+    finally:
+        if not pollfiles.invalidate(repo.gitdir, repo.settings) and log is not None:
+            log.append(f"aspen: poll files of {repo.gitdir} not removed (ASPEN_POLL_DIR cannot be written)\n")
+
+
+def _transaction(store: Optional[RefStore], repo: Repository, changes: Sequence[RefChange],
+                 meta: VersionMeta, log: Optional[list], fast: bool, trace: Optional[dict]) -> Optional[str]:
     replica = replica_mode(repo.settings)
     if store is None and replica:
         if log is not None:

@@ -44,6 +44,7 @@ from ..model.versions import (
     Visits,
     is_null,
 )
+from ..runtime import pollfiles
 from ..runtime.owners import fault, owner_alive, owner_id
 from ..runtime.repository import Repository
 from ..runtime.statedir import state_dir
@@ -349,6 +350,7 @@ class RefStore:
             if forward and diskrefs.apply(self.repo, forward, "push (recovered by aspen)"):
                 void += [c.ref for c in forward]
             self._finish(vid, void)
+            pollfiles.invalidate(self.gitdir, self.repo.settings)    # the advertisement shows it from now
             done += 1
         return done
 

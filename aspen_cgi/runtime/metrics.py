@@ -98,6 +98,13 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
      "Ref-store versions committed by pushes."),
     ("aspen_push_ref_updates_total", "counter", "pushed ref updates (result)",
      "Ref updates pushes asked for, by result (ok, rejected)."),
+    ("aspen_poll_files_total", "counter", "poll files by result (result)",
+     "info/refs polls Aspen answered that could be kept as poll files for nginx, by what happened: written, "
+     "current (this second's file was there), racy (an input changed too recently), moved (refs changed "
+     "meanwhile), error (the directory could not be written)."),
+    ("aspen_polls_from_files_total", "counter", "polls nginx answered from poll files",
+     "info/refs polls nginx answered from poll files, never reaching Aspen (the size of nginx's ASPEN_POLL_LOG "
+     "over two bytes a poll; absent without it)."),
     ("aspen_admission_queue_depth", "gauge", "admission queue depth now",
      "Fetches waiting in the admission queue now (this machine's ASPEN_RUN_DIR)."),
     ("aspen_admission_cold_running", "gauge", "git upload-pack computations running now",
@@ -195,6 +202,8 @@ def series(method: str, status: int, nbytes: int, trace: Mapping) -> list[tuple[
         source = ("stored" if plan == "planned" else "cache" if cache in ("hit", "shared")
                   else "git" if plan == "fallback" or cache in ("cold", "uncached", "prewarm") else "other")
         out.append((key("aspen_fetch_bytes_total", source=source), nbytes))
+    if "pollfile" in trace:
+        out.append((key("aspen_poll_files_total", result=trace["pollfile"]), 1))
     if trace.get("pushed_versions"):
         out.append(("aspen_push_versions_total", int(trace["pushed_versions"])))
     if "push" in trace:
