@@ -246,7 +246,7 @@ def _try(lim: Capacity, p: _Paths) -> tuple[Optional[list], bool]:
 def _client_dir(lim: Capacity) -> bool:
     d = os.path.join(lim.run_dir, CLIENTS)
     if os.path.isdir(d):
-        return True
+        return os.access(d, os.W_OK | os.X_OK)
     try:
         os.mkdir(d)
         os.chmod(d, 0o1777)
@@ -254,7 +254,7 @@ def _client_dir(lim: Capacity) -> bool:
         pass
     except OSError:
         return False
-    return os.path.isdir(d)
+    return os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)
 
 
 def acquire(lim: Capacity, gitdir: str, queue: bool = True, client: Optional[Client] = None) -> Slot:
