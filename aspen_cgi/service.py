@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Optional
 
 from .git import gitexec
 from .git.repoconfig import ConfigError, RepoConfig
+from .model.client import Client
 from .model.trace import Trace
 from .runtime.repository import Repository
 from .settings import Settings
@@ -38,11 +39,14 @@ class RequestInfo:
     address: Optional[str]          # REMOTE_ADDR
     namespace: Optional[str]        # GIT_NAMESPACE
     protocol: int                   # GIT_PROTOCOL's version (0 when none)
+    client: Optional[Client] = None     # who counts for admission's per-client share (http/client.py); None:
+                                        # no client waits (pre-warm), no share applies
 
     @classmethod
-    def of(cls, env: Mapping[str, str], protocol: Optional[int] = None) -> "RequestInfo":
+    def of(cls, env: Mapping[str, str], protocol: Optional[int] = None,
+           client: Optional[Client] = None) -> "RequestInfo":
         return cls(env.get("REMOTE_USER") or None, env.get("REMOTE_ADDR") or None, env.get("GIT_NAMESPACE") or None,
-                   protocol_version(env.get("GIT_PROTOCOL")) if protocol is None else protocol)
+                   protocol_version(env.get("GIT_PROTOCOL")) if protocol is None else protocol, client)
 
 
 @dataclass

@@ -57,6 +57,8 @@ NAME = "name"               # a name of letters, digits, `-`, `.` and `_` -> str
 DB_URL = "db-url"           # a postgresql:// (or postgres://) connection URL -> str
 HTTP_URL = "http-url"       # an http:// or https:// URL, without a trailing slash -> str
 SECRET = "secret"           # a text of at least 16 characters -> str
+PERCENT = "percent"         # a whole number from 1 to 100 -> int
+PROXIES = "proxies"         # addresses and networks, `unix` -> tuple of ipaddress networks and "unix"
 # A mode is a dict: each accepted word (lower case) -> the value it means.
 
 _BOOL_WORDS = "`true`/`false`, `yes`/`no`, `on`/`off`, `1`/`0`"
@@ -74,6 +76,9 @@ ACCEPTED = {
     DB_URL: "a `postgresql://` URL (libpq's: `postgresql://aspen@db.example/aspen`)",
     HTTP_URL: "an `http://` or `https://` URL (`http://10.0.0.2:8080`)",
     SECRET: "a text of at least 16 characters",
+    PERCENT: "a whole number from `1` to `100` (per cent)",
+    PROXIES: "addresses and networks, separated by commas (`127.0.0.1, 10.0.0.0/8, ::1`), and `unix` for a "
+             "peer on a unix socket",
 }
 
 
@@ -190,6 +195,14 @@ TABLE = (
     ("ASPEN_QUEUE_WAIT", "queue_wait", SECONDS, 300.0, "`300`", None,
      "how long a queued fetch waits for its slot before `503`"),
     ("ASPEN_RETRY_AFTER", "retry_after", COUNT, 5, "`5`", None, "the `Retry-After` seconds of those `503`s"),
+    ("ASPEN_CLIENT_SHARE", "client_share", PERCENT, 50, "`50`", None,
+     "the share of those upload-pack slots (per repository and per machine) and of the queue one client may "
+     "hold; past its share of the slots a client waits (it may still take a slot while at least one other "
+     "stays free), past its share of the queue it gets `503` with Retry-After; `100`: no share "
+     "(docs/cache.md)"),
+    ("ASPEN_TRUSTED_PROXIES", "trusted_proxies", PROXIES, (), "unset: none", None,
+     "the proxies whose `X-Forwarded-For` names the client (for ASPEN_CLIENT_SHARE); from any other peer the "
+     "header is ignored and the client is the peer's address"),
     ("ASPEN_BUILDS_PER_SERVER", "builds_per_server", COUNT, lambda: max(1, _cores() // 2),
      "half the cores (at least 1)", None,
      "version, segment and depth-1 pack builds at once on the machine (background and `aspen import`)"),
@@ -300,7 +313,27 @@ def _parse(kind, text: str):
         if len(text) < 16:
             raise ValueError("(hidden)")
         return text
+    if kind is PERCENT:
+        if not text.isdigit() or not 1 <= int(text) <= 100:
+            raise ValueError(text)
+        return int(text)
+    if kind is PROXIES:
+        return _proxies(text)
     return kind[text.lower()]                   # a mode: KeyError is a LookupError, not a ValueError
+
+
+def _proxies(text: str) -> tuple:
+    """ASPEN_TRUSTED_PROXIES: each item an ipaddress network (an address is its /32 or /128), or `unix`."""
+    import ipaddress  # startup: only where the setting is set
+    out: list = []
+    for item in text.replace(",", " ").split():
+        if item.lower() == "unix":
+            out.append("unix")
+        else:
+            out.append(ipaddress.ip_network(item, strict=False))
+    if not out:
+        raise ValueError(text)
+    return tuple(out)
 
 
 def parse(values) -> Settings:

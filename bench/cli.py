@@ -319,10 +319,10 @@ def cmd_run(args) -> int:
 
 
 # Workloads measured with Aspen's response cache on (its product default): the
-# storms it is for, the push workloads beside them, and the busy repository
-# (Aspen as an operator runs it). The others measure a
+# storms it is for, the push workloads beside them, the busy repository
+# (Aspen as an operator runs it) and fairness (its requests are cold anyway). The others measure a
 # computation that a cache would answer from the second repetition on.
-CACHED_WORKLOADS = frozenset({"storm-depth1", "storm-warm", "writers", "clone-concurrency", "busy-repo"})
+CACHED_WORKLOADS = frozenset({"storm-depth1", "storm-warm", "writers", "clone-concurrency", "busy-repo", "fairness"})
 
 
 def _trunk(source: Path) -> str:
@@ -346,6 +346,9 @@ def run_workload(name: str, targets: list[str], source: Path, workdir: Path, arg
     knobs = _knobs(args)
     cache = str(knobs.get("cache", "on" if name in CACHED_WORKLOADS else "off"))
     opts["env"] = {"ASPEN_CACHE": cache}
+    if name == "fairness":
+        from .workloads import fairness
+        opts["env"].update(fairness.ENV)       # the bench's proxy is the clients' trusted proxy
     if args.server_workers:
         opts["workers"] = args.server_workers
     if args.server_threads:

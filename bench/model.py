@@ -20,6 +20,7 @@ class RequestRecord:
     pack_bytes: int           # bytes of pack data inside an upload-pack response (0 if none)
     started: float            # time.time() when the request head arrived
     ms: float                 # until the last response byte
+    forwarded: str = ""       # the request's X-Forwarded-For (the client a workload names, as `fairness` does)
 
 
 @dataclass

@@ -358,7 +358,8 @@ class CountingProxy:
                 method, target = start[0], start[1] if len(start) > 1 else ""
                 record = RequestRecord(target=self.target_name, method=method, path=target, status=0,
                                        request_bytes=len(head), response_bytes=0, pack_bytes=0,
-                                       started=time.time(), ms=0.0)
+                                       started=time.time(), ms=0.0,
+                                       forwarded=headers.get("x-forwarded-for", ""))
                 ex = _Exchange(record, time.monotonic())
                 if method == "POST" and target.split("?", 1)[0].endswith("/git-upload-pack"):
                     ex.pack = PackCounter()

@@ -22,7 +22,7 @@ try:
 except admission.Overloaded as e:
     print("overloaded", e.why)
 else:
-    print("admitted", len(slot.fds))
+    print("admitted", len(slot.held))
 """
 
 

@@ -385,3 +385,35 @@ def test_busy_repo_end_to_end(tmp_path):
     table = results.render_tables(loaded)
     assert "## busy-repo" in table and "event wall p99 aspen/stock-maintained" in table
     assert "| shape=fetch-stale |" in table
+
+
+def test_fairness_end_to_end(tmp_path):
+    """fairness at small sizes against aspen (trusting the bench's proxy, as
+    `aspen-bench run` sets it) and stock: every single fetch of the second
+    client verified and timed alone and under the storm, the storm's fetches
+    made, the proxy's records telling the two clients apart; Aspen's access
+    lines count each to its client, and the second client's never waited."""
+    from bench import targets
+    from bench.workloads import fairness
+    root = tmp_path / "root"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
+    env = {"ASPEN_CACHE": "on", "ASPEN_COLD_PER_REPO": "2", "ASPEN_COLD_PER_SERVER": "4", **fairness.ENV}
+    with targets.running_targets(["aspen", "stock"], root, tmp_path / "servers", env=env) as started:
+        infos = [t.info for t in started]
+        ctx = WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
+                              roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
+                              params={"jobs": 3, "fetches": 2, "ramp_s": 0.2},
+                              procs={i.name: list(i.pids) for i in infos})
+        rows = WORKLOADS["fairness"](ctx)
+        log = Path(next(i for i in infos if i.name == "aspen").plan_log).read_text(errors="replace")
+    assert sorted(r.target for r in rows) == ["aspen", "stock"]
+    for r in rows:
+        m = r.metrics
+        assert m["failures"] == 0 and m["storm_failures"] == 0, r.notes
+        assert m["storm_fetches"] >= 3 and len(r.extra["storm_ms"]) == 2 and len(r.extra["alone_ms"]) == 2
+        assert m["alone_p50_ms"] > 0 and m["storm_p99_ms"] >= m["storm_p50_ms"] > 0
+        assert len(r.extra["alone_served_ms"]) == 2 and all(ms > 0 for ms in r.extra["alone_served_ms"])
+    mine = [line for line in log.splitlines() if " client=addr:10.0.0.2 " in line]
+    assert len(mine) == 4 and not any("queued_ms=" in line for line in mine), mine
+    assert " client=addr:10.0.0.1 " in log

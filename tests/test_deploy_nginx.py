@@ -294,6 +294,22 @@ def test_shallow_clone(stack, tmp_path):
     assert (dest / "shallow").is_file()
 
 
+def test_admission_counts_the_client_nginx_names(stack, tmp_path):
+    """The shipped unit trusts its unix-socket peer (ASPEN_TRUSTED_PROXIES=unix), so
+    admission counts a cold fetch to the address nginx puts in X-Forwarded-For
+    (loopback here), not to the socket's peer, which has no address; a client's own
+    X-Forwarded-For entries are left of nginx's and never read."""
+    assert stack.env.get("ASPEN_TRUSTED_PROXIES") == "unix"
+    dest = tmp_path / "counted.git"
+    forged = dict(os.environ, GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+                  GIT_CONFIG_VALUE_0="X-Forwarded-For: 203.0.113.9")
+    mirror(stack, "repo.git", dest, "--depth", "2", "--no-single-branch", env=forged)
+    same_refs(dest, stack.root / "repo.git")
+    lines = [line for line in stack.glog.read_text(errors="replace").splitlines()
+             if " client=" in line]
+    assert lines and all(" client=addr:127.0.0.1 " in line for line in lines), lines
+
+
 def test_fetch_after_server_change(stack, tmp_path):
     server = stack.root / "repo.git"
     dest = tmp_path / "fetch.git"

@@ -238,15 +238,25 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None, any_wa
     (packhook) is built in the background for later clients (fetch/depth1.py),
     never while a client waits."""
     from ..runtime import admission  # startup
+    client = ctx.request.client
+    lim = admission.capacity(ctx.settings)
+    if client is not None and lim.share < 100:
+        ctx.trace["client"] = client.label
     try:
-        slot = admission.acquire(admission.capacity(ctx.settings), ctx.gitdir)
+        slot = admission.acquire(lim, ctx.gitdir, client=client)
     except admission.Overloaded as e:
         ctx.trace["cache"] = "overloaded"
-        raise ServiceRefused(503, "Service Unavailable", f"aspen: {e.why}; retry after {e.retry_after} s",
+        who = ""
+        if e.client and client is not None:
+            ctx.trace["over_share"] = "refused"
+            who = f" (client {client.label}, ASPEN_CLIENT_SHARE={lim.share}%)"
+        raise ServiceRefused(503, "Service Unavailable", f"aspen: {e.why}{who}; retry after {e.retry_after} s",
                         extra=[("Retry-After", str(e.retry_after))],
                         body=b"Too many requests are waiting; retry later.\n") from None
     if slot.waited_s:
         ctx.trace["queued_ms"] = round(slot.waited_s * 1000)
+        if slot.over_share:
+            ctx.trace["over_share"] = "waited"
     args = ["upload-pack", "--stateless-rpc", "."]
     if req is not None and req.haves and not _config(ctx).pack_threads_set:
         # git's threaded delta search splits the objects between threads, and steals

@@ -17,6 +17,7 @@ from ..model.trace import Trace
 from ..protocol import pktline
 from ..protocol.pktline import ProtocolError
 from ..service import FileBody, RequestInfo, ServiceContext, ServiceRefused, child_env, service_enabled
+from . import client as clients
 from . import dumb, paths, routes
 from . import headers as H
 from .accesslog import METRICS_KEY
@@ -92,9 +93,10 @@ def _metrics_dir(env: Mapping[str, str]) -> Optional[str]:
 
 
 # What an error response's access line keeps of the request it ended: the repository, the
-# service, and of the service's trace the ref-store version and the cache's mark (a 503 from
-# admission says `cache=overloaded`). Not the plan: no fetch was answered.
-_ERROR_TRACE = ("version", "cache")
+# service, and of the service's trace the ref-store version, the cache's mark (a 503 from
+# admission says `cache=overloaded`), the client admission counted and whether its share refused it.
+# Not the plan: no fetch was answered.
+_ERROR_TRACE = ("version", "cache", "client", "over_share")
 
 
 def error_response(e: HttpError, seen: Optional[dict] = None) -> Response:
@@ -136,8 +138,9 @@ class _Call:
         return self.req.env
 
     def context(self, protocol: Optional[int] = None) -> ServiceContext:
-        ctx = ServiceContext(self.repo, self.config, self.cenv, RequestInfo.of(self.cenv, protocol), [],
-                             settings.of(self.env), pin=self.pin)
+        s = settings.of(self.env)
+        ctx = ServiceContext(self.repo, self.config, self.cenv,
+                             RequestInfo.of(self.cenv, protocol, clients.of(self.env, s)), [], s, pin=self.pin)
         if ctx.settings.pack_store or ctx.settings.node_url:
             # a cluster's node: its copy at the log's latest version before anything is read or
             # received (a push's thin pack names bases another node advertised)

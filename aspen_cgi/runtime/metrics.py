@@ -94,6 +94,14 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
      "Fetches that waited in the admission queue before git upload-pack ran."),
     ("aspen_admission_wait_seconds_total", "counter", "seconds waited in the admission queue",
      "Seconds those fetches waited in the admission queue."),
+    ("aspen_admission_client_waits_total", "counter", "fetches that waited past their client's share",
+     "Fetches that waited in the admission queue while their client held its share of the upload-pack slots "
+     "(ASPEN_CLIENT_SHARE)."),
+    ("aspen_admission_client_wait_seconds_total", "counter", "seconds waited past their client's share",
+     "Seconds those fetches waited in the admission queue."),
+    ("aspen_admission_client_rejected_total", "counter", "fetches refused with 503 for their client's share",
+     "Fetches refused with 503 because their client held its share of the admission queue, or its wait ran out "
+     "while the client held its share of the slots (counted in aspen_admission_rejected_total as well)."),
     ("aspen_push_versions_total", "counter", "ref-store versions pushed",
      "Ref-store versions committed by pushes."),
     ("aspen_push_ref_updates_total", "counter", "pushed ref updates (result)",
@@ -119,7 +127,9 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
 )
 COUNTERS = tuple(name for name, kind, _, _ in FAMILIES if kind == "counter")
 UNLABELLED = ("aspen_admission_rejected_total", "aspen_admission_queued_total",
-              "aspen_admission_wait_seconds_total", "aspen_push_versions_total")
+              "aspen_admission_wait_seconds_total", "aspen_admission_client_waits_total",
+              "aspen_admission_client_wait_seconds_total", "aspen_admission_client_rejected_total",
+              "aspen_push_versions_total")
 
 
 def _base(s: settings.Settings) -> tuple[str, bool]:
@@ -193,6 +203,11 @@ def series(method: str, status: int, nbytes: int, trace: Mapping) -> list[tuple[
     if "queued_ms" in trace:
         out.append(("aspen_admission_queued_total", 1))
         out.append(("aspen_admission_wait_seconds_total", round(float(trace["queued_ms"]) / 1000, 3)))
+        if trace.get("over_share") == "waited":
+            out.append(("aspen_admission_client_waits_total", 1))
+            out.append(("aspen_admission_client_wait_seconds_total", round(float(trace["queued_ms"]) / 1000, 3)))
+    if status == 503 and trace.get("over_share") == "refused":
+        out.append(("aspen_admission_client_rejected_total", 1))
     if service == "upload-pack" and method == "POST" and status == 200:
         plan, cache = trace.get("plan"), trace.get("cache")
         if plan:

@@ -14,7 +14,7 @@ random-fetch (lagging-clients: fetches 120 [12], branches 4 [3], behind
 busy-repo's seconds 180 [30], burst 100 [20], burst_every 90 [20], first_burst
 15 [5], push_rate 1, event_gap 2 [1], events 200 [40], concurrency 2, mix,
 stale_back 100 [10], max_pushes 1000 [300], fsck 1, max_pending 60,
-cpu_fetches 4 [2] for warm-fetch, packs_timeout (seconds a version-packs
+cpu_fetches 4 [2] for warm-fetch, jobs 40 [8], fetches 20 [5] and ramp_s 2 [1] for fairness, packs_timeout (seconds a version-packs
 target is given to build its packs: 600 after one push, 1800 after
 histories), seed 1, protocol 2 (or 0).
 
@@ -31,13 +31,24 @@ version packs (aspen, aspen-packs) add `packs_wait_ms` (and `pack_files`,
 `packs_bytes`).
 """
 
-from . import adverts, busy, clones, fetches, lagging, memory, pushes, randomfetch, storms  # each registers its own
+from . import (  # each registers its own
+    adverts,
+    busy,
+    clones,
+    fairness,
+    fetches,
+    lagging,
+    memory,
+    pushes,
+    randomfetch,
+    storms,
+)
 from .base import WORKLOADS, Workload, WorkloadContext, register
 
-_FAMILIES = (adverts, busy, clones, fetches, lagging, memory, pushes, randomfetch, storms)
+_FAMILIES = (adverts, busy, clones, fairness, fetches, lagging, memory, pushes, randomfetch, storms)
 
 ORDER = ["full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
-         "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
+         "push-history", "storm-depth1", "storm-warm", "fairness", "writers", "clone-concurrency", "random-fetch",
          "lagging-clients", "busy-repo"]
 _ordered = {n: WORKLOADS[n] for n in ORDER if n in WORKLOADS}
 _ordered.update(WORKLOADS)   # any later-registered names keep their place after these
