@@ -38,7 +38,7 @@ OTHER = "10.0.0.2"
 # Counts every pack-objects run (one line: the client it ran for) and holds the stormer's while the gate is shut.
 HOOK = """#!/bin/sh
 who="${{REMOTE_USER:-$HTTP_X_FORWARDED_FOR}}"
-echo "$who" >> {counter}
+echo "$who $(cut -d' ' -f19 /proc/$$/stat)" >> {counter}
 if [ "$who" = "{stormer}" ] || [ "$who" = "alice" ]; then
   i=0
   while [ ! -e {gate} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
@@ -76,9 +76,15 @@ def _env(tmp_path: Path, gate: Gate, **extra: str) -> dict[str, str]:
     return env
 
 
-def _computations(tmp_path: Path) -> list[str]:
+def _runs(tmp_path: Path) -> list[tuple[str, int]]:
+    """(the client, its pack-objects' niceness) of each computation, in order."""
     f = tmp_path / "computations"
-    return f.read_text().splitlines() if f.exists() else []
+    return [(who, int(nice)) for who, nice in (line.split() for line in f.read_text().splitlines())] \
+        if f.exists() else []
+
+
+def _computations(tmp_path: Path) -> list[str]:
+    return [who for who, _ in _runs(tmp_path)]
 
 
 def _headers(identity: str, who: str) -> dict[str, str]:
@@ -353,3 +359,50 @@ def test_one_slot_free_is_left_for_a_client_within_its_share(tmp_path):
         slot.release()
     assert list((tmp_path / "run" / admission.CLIENTS).iterdir()) == []
     assert admission.acquire(lim, repo, client=None).held                  # no client: no share
+
+
+def test_a_clients_further_computations_run_behind_the_first_of_others(tmp_path):
+    """A client's first computation on the machine runs at the server's
+    priority; one it takes while holding another is `behind` (its git
+    BEHIND_NICE nicer), within its share or past it; another client's first
+    is not; given back, the client's next one is first again."""
+    lim = admission.capacity(settings.of({"ASPEN_RUN_DIR": str(tmp_path / "run"), "ASPEN_COLD_PER_REPO": "4",
+                                          "ASPEN_COLD_PER_SERVER": "8", "ASPEN_QUEUE": "0"}))
+    repo = str(tmp_path)
+    a, b = Client(ADDRESS, "10.0.0.1"), Client(ADDRESS, "10.0.0.2")
+    mine = [admission.acquire(lim, repo, client=a) for _ in range(3)]     # 2 within the share, 1 borrowed
+    other = admission.acquire(lim, repo, client=b)
+    assert [s.behind for s in mine] == [False, True, True] and not other.behind
+    for slot in mine:
+        slot.release()
+    again = admission.acquire(lim, repo, client=a)
+    assert not again.behind
+    assert not admission.acquire(lim, repo, client=None).behind            # no client: no share, no order
+
+
+def test_a_stormers_second_computation_runs_nicer_than_the_other_clients(root, server_factory, tmp_path, gate):
+    """Through gunicorn, 3 slots: the stormer's two cold fetches run at once
+    (both held at the gate), the second's pack-objects BEHIND_NICE nicer than
+    the first's and than the other client's, which runs meanwhile; the
+    access line of the second says `behind=`."""
+    server = server_factory(root, **_env(tmp_path, gate, ASPEN_TRUSTED_PROXIES="127.0.0.1",
+                                         ASPEN_COLD_PER_REPO="3", ASPEN_COLD_PER_SERVER="3"))
+    tip = _tip(root / "repo.git")
+    runs = Threads()
+    try:
+        for i in range(2):
+            runs.start(f"storm{i}", _post, server, _body(tip, i), _headers("forwarded", STORMER))
+            _wait(f"the stormer's computation {i + 1}", lambda i=i: runs.errors or len(_runs(tmp_path)) == i + 1,
+                  state=lambda: str(runs.errors))
+        status, _, _ = _post(server, _body(tip, 5), _headers("forwarded", OTHER))
+        assert status == 200 and runs.errors == []
+    finally:
+        gate.open()
+    runs.join(60)
+    got = _runs(tmp_path)
+    assert [who for who, _ in got] == [STORMER, STORMER, OTHER]
+    first, second, other = (nice for _, nice in got)
+    assert first == other and second == first + admission.BEHIND_NICE, got
+    _wait("the stormer's two access lines", lambda: len(_access(server, f"addr:{STORMER}")) == 2)
+    assert len([x for x in _access(server, f"addr:{STORMER}") if " behind=10" in x]) == 1
+    assert not [x for x in _access(server, f"addr:{OTHER}") if " behind=" in x]

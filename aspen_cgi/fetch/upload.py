@@ -257,6 +257,8 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None, any_wa
         ctx.trace["queued_ms"] = round(slot.waited_s * 1000)
         if slot.over_share:
             ctx.trace["over_share"] = "waited"
+    if slot.behind:
+        ctx.trace["behind"] = admission.BEHIND_NICE
     args = ["upload-pack", "--stateless-rpc", "."]
     if req is not None and req.haves and not _config(ctx).pack_threads_set:
         # git's threaded delta search splits the objects between threads, and steals
@@ -267,7 +269,8 @@ def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None, any_wa
     if any_want:
         args = ["-c", "uploadpack.allowAnySHA1InWant=true", *args]
     try:
-        stream = gitexec.git_stream(args, cwd=ctx.gitdir, env=ctx.env, input=data)
+        stream = gitexec.git_stream(args, cwd=ctx.gitdir, env=ctx.env, input=data,
+                                    lower=admission.BEHIND_NICE if slot.behind else 0)
     except BaseException:
         slot.release()
         raise

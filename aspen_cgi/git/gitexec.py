@@ -196,9 +196,12 @@ class Stream:
 
 
 def git_stream(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,
-               input: bytes | Iterator[bytes] | None = None, stderr: Optional[IO] = None) -> Stream:
-    """Start `git ARGS` and return its stdout as a stream of chunks."""
-    return Stream([GIT, *args], cwd=cwd, env=env, input=input, stderr=stderr)
+               input: bytes | Iterator[bytes] | None = None, stderr: Optional[IO] = None,
+               lower: int = 0) -> Stream:
+    """Start `git ARGS` and return its stdout as a stream of chunks; LOWER:
+    that much nicer than the calling thread (a `nice -n` prefix)."""
+    prefix = [NICE, "-n", str(lower)] if lower > 0 and NICE else []
+    return Stream([*prefix, GIT, *args], cwd=cwd, env=env, input=input, stderr=stderr)
 
 
 def start(args: Sequence[str], *, cwd: str, env: Optional[GitEnv] = None,

@@ -20,7 +20,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     ms = (time.monotonic() - started) * 1000
     fields = [f"repo={trace.get('repo', '-')}", f"service={trace.get('service', '-')}",
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
-    for key in ("version", "pin", "reinjected", "cache", "entry", "depth1", "client", "queued_ms", "over_share", "plan", "why", "unproved",
+    for key in ("version", "pin", "reinjected", "cache", "entry", "depth1", "client", "queued_ms", "over_share", "behind", "plan", "why", "unproved",
                 "build_wait_ms", "plan_us", "checked", "ready_by", "check_us", "visits", "extents", "span", "commands",
                 "objects", "push", "proc_receive", "adopted", "phases", "replayed", "resident", "pollfile", "ended"):
         if key in trace:

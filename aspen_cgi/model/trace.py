@@ -34,6 +34,7 @@ FIELDS = {
     "queued_ms": "how long admission queued the cold computation",
     "client": "who admission counted the cold computation to (model/client.py): user:NAME or addr:ADDRESS",
     "over_share": "the client held its share of the slots or of the queue (ASPEN_CLIENT_SHARE): waited or refused",
+    "behind": "the client held another computation on this machine: git ran this much nicer (admission.BEHIND_NICE)",
     "replayable": "the answer may be recorded for the CGI program's replay",
     "replay_file": "the cache entry a recorded answer is sent from",
     "replay_effects": "what a replay of the answer does beside sending it",

@@ -142,14 +142,22 @@ def _free(prefix: str, n: int) -> int:
     return n - _held(prefix, n)
 
 
+BEHIND_NICE = 10      # how much lower a client's further computations run than its first (see Slot.behind)
+
+
 class Slot:
     """A held place to compute; release() (or process exit) gives it back.
-    OVER_SHARE: it waited while its client held its share of the slots."""
+    OVER_SHARE: it waited while its client held its share of the slots.
+    BEHIND: its client held another computation on this machine when it
+    was taken: it runs BEHIND_NICE lower in CPU priority, so that on cores
+    the storm fills, another client's one computation gets them first
+    (alone on the machine, a niced process runs as fast)."""
 
-    def __init__(self, held: list, waited_s: float, over_share: bool = False):
+    def __init__(self, held: list, waited_s: float, over_share: bool = False, behind: bool = False):
         self.held = held
         self.waited_s = waited_s
         self.over_share = over_share
+        self.behind = behind
 
     def release(self) -> None:
         held, self.held = self.held, []
@@ -212,8 +220,9 @@ class _Mutex:
             self.fd = None
 
 
-def _try(lim: Capacity, p: _Paths) -> tuple[Optional[list], bool]:
-    """(the places taken for one computation, or None; whether the client held its share).
+def _try(lim: Capacity, p: _Paths) -> tuple[Optional[list], bool, bool]:
+    """(the places taken for one computation, or None; whether the client held
+    its share; whether it held another computation on this machine).
 
     At each level, the repository's slots then the machine's: a client
     within its share takes one of its own places there and any free slot; a
@@ -221,26 +230,27 @@ def _try(lim: Capacity, p: _Paths) -> tuple[Optional[list], bool]:
     it (the last free slot of each level goes to a client within its share)."""
     rs, ss, _ = lim.shares()
     held: list = []
-    over = False
+    over = behind = False
     with _Mutex(lim, lim.share < 100):
         for prefix, n, cprefix, cshare in ((p.repo, lim.per_repo, p.client_repo, rs),
                                            (p.server, lim.per_server, p.client_server, ss)):
             if cprefix is not None:
                 own = _take_client(cprefix, cshare)
                 if own is None:
-                    over = True
+                    over = behind = True
                     if _free(prefix, n) < 2:
                         break
                 else:
                     held.append(own)
+                    behind = behind or (cprefix == p.client_server and not own.path.endswith(".0"))
             fd = _take_one(prefix, n)
             if fd is None:
                 break
             held.append(_Held(fd))
         else:
-            return held, over
+            return held, over, behind
     _give_back(held)
-    return None, over
+    return None, over, behind
 
 
 def _client_dir(lim: Capacity) -> bool:
@@ -272,9 +282,9 @@ def acquire(lim: Capacity, gitdir: str, queue: bool = True, client: Optional[Cli
     if client is not None and lim.share < 100 and not _client_dir(lim):
         client = None               # no directory for the clients' files: no share (never an error)
     p = _paths(lim, gitdir, client)
-    got, over = _try(lim, p)
+    got, over, behind = _try(lim, p)
     if got is not None:
-        return Slot(got, 0.0)
+        return Slot(got, 0.0, behind=behind)
     tickets: list = []
     if queue:
         if p.client_queue is not None and lim.queue:
@@ -291,10 +301,10 @@ def acquire(lim: Capacity, gitdir: str, queue: bool = True, client: Optional[Cli
     pause = 0.005
     try:
         while True:
-            got, now_over = _try(lim, p)
+            got, now_over, behind = _try(lim, p)
             over = over or now_over
             if got is not None:
-                return Slot(got, time.monotonic() - started, over)
+                return Slot(got, time.monotonic() - started, over, behind)
             if queue and time.monotonic() - started > lim.wait_s:
                 raise Overloaded(lim.retry_after, "queue wait over", client=over)
             time.sleep(pause)
