@@ -380,6 +380,23 @@ def test_a_clients_further_computations_run_behind_the_first_of_others(tmp_path)
     assert not admission.acquire(lim, repo, client=None).behind            # no client: no share, no order
 
 
+def test_a_client_with_requests_waiting_computes_behind_others(tmp_path):
+    """A client that has other requests waiting in the queue (a farm that
+    sent many) runs even its first computation behind; one with none does not."""
+    lim = admission.capacity(settings.of({"ASPEN_RUN_DIR": str(tmp_path / "run"), "ASPEN_COLD_PER_REPO": "4",
+                                          "ASPEN_COLD_PER_SERVER": "8", "ASPEN_QUEUE": "4"}))
+    repo = str(tmp_path)
+    a, b = Client(ADDRESS, "10.0.0.1"), Client(ADDRESS, "10.0.0.2")
+    assert admission.acquire(lim, repo, client=b) is not None
+    (tmp_path / "run" / admission.CLIENTS).mkdir(exist_ok=True)
+    waiting = admission._take_client(str(_queue_file(tmp_path, a))[:-2], lim.shares()[2])   # a's request in line
+    assert waiting is not None
+    assert admission.acquire(lim, repo, client=a).behind
+    admission._give_back([waiting])
+    c = Client(ADDRESS, "10.0.0.3")
+    assert not admission.acquire(lim, repo, client=c).behind
+
+
 def test_a_stormers_second_computation_runs_nicer_than_the_other_clients(root, server_factory, tmp_path, gate):
     """Through gunicorn, 3 slots: the stormer's two cold fetches run at once
     (both held at the gate), the second's pack-objects BEHIND_NICE nicer than

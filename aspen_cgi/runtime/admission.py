@@ -148,10 +148,11 @@ BEHIND_NICE = 10      # how much lower a client's further computations run than 
 class Slot:
     """A held place to compute; release() (or process exit) gives it back.
     OVER_SHARE: it waited while its client held its share of the slots.
-    BEHIND: its client held another computation on this machine when it
-    was taken: it runs BEHIND_NICE lower in CPU priority, so that on cores
-    the storm fills, another client's one computation gets them first
-    (alone on the machine, a niced process runs as fast)."""
+    BEHIND: when it was taken its client held another computation on this
+    machine, or had other requests waiting: it runs BEHIND_NICE lower in CPU
+    priority, so that on cores a storm fills, another client's one
+    computation gets them first (alone on the machine, a niced process runs
+    as fast)."""
 
     def __init__(self, held: list, waited_s: float, over_share: bool = False, behind: bool = False):
         self.held = held
@@ -220,9 +221,10 @@ class _Mutex:
             self.fd = None
 
 
-def _try(lim: Capacity, p: _Paths) -> tuple[Optional[list], bool, bool]:
+def _try(lim: Capacity, p: _Paths, queued: int = 0) -> tuple[Optional[list], bool, bool]:
     """(the places taken for one computation, or None; whether the client held
-    its share; whether it held another computation on this machine).
+    its share; whether it held another computation on this machine or had
+    requests waiting beyond its own QUEUED places).
 
     At each level, the repository's slots then the machine's: a client
     within its share takes one of its own places there and any free slot; a
@@ -248,6 +250,8 @@ def _try(lim: Capacity, p: _Paths) -> tuple[Optional[list], bool, bool]:
                 break
             held.append(_Held(fd))
         else:
+            if not behind and p.client_queue is not None:
+                behind = _locked_count(p.client_queue, lim.shares()[2]) > queued
             return held, over, behind
     _give_back(held)
     return None, over, behind
@@ -301,7 +305,7 @@ def acquire(lim: Capacity, gitdir: str, queue: bool = True, client: Optional[Cli
     pause = 0.005
     try:
         while True:
-            got, now_over, behind = _try(lim, p)
+            got, now_over, behind = _try(lim, p, sum(1 for t in tickets if t.path is not None))
             over = over or now_over
             if got is not None:
                 return Slot(got, time.monotonic() - started, over, behind)
@@ -338,6 +342,23 @@ def acquire_build(lim: Capacity, check: Optional[Callable[[], None]] = None,
             check()
         time.sleep(pause)
         pause = min(pause * 1.5, 0.1)
+
+
+def _locked_count(prefix: str, n: int) -> int:
+    """How many of `PREFIX.<i>` are held now, making none of them."""
+    held = 0
+    for i in range(n):
+        try:
+            fd = os.open(f"{prefix}.{i}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            held += 1
+        finally:
+            os.close(fd)
+    return held
 
 
 def _held(prefix: str, n: int) -> int:
