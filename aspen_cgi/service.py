@@ -36,6 +36,8 @@ class RequestInfo:
     address: Optional[str]          # REMOTE_ADDR
     namespace: Optional[str]        # GIT_NAMESPACE
     protocol: int                   # GIT_PROTOCOL's version (0 when none)
+    url: Optional[str] = None       # the repository's URL as the client reached it (http/backend.py)
+    url_path: str = ""              # ...its path under the application (no SCRIPT_NAME)
 
     @classmethod
     def of(cls, env: Mapping[str, str], protocol: Optional[int] = None) -> "RequestInfo":
