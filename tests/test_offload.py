@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import os
 import re
+import shutil
+import socket
+import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -296,3 +301,50 @@ def test_the_inline_part_carries_the_import_objects_its_deltas_need(root, server
     _correct(client, repo)
     line = [x for x in server.log_text().splitlines() if "offload=uri" in x][-1]
     assert int(re.search(r"offload_chain=(\d+)", line).group(1)) >= 1, line
+
+
+def test_nginx_serves_the_packs_from_disk_with_the_shipped_config(served, tmp_path, server_factory):
+    """nginx/aspen-offload.conf, its placeholders filled in, serves the packs an
+    Aspen with ASPEN_OFFLOAD_URL names: the clone downloads from nginx."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    h.need_system("nginx", nginx)
+    server, repo, _ = served
+    base = tmp_path / "nginx"
+    base.mkdir()
+    port = h.free_port()
+    conf = (Path(__file__).resolve().parent.parent / "nginx" / "aspen-offload.conf").read_text()
+    (base / "offload.conf").write_text(conf.replace("@LISTEN@", f"127.0.0.1:{port}")
+                                       .replace("@PACKS_ROOT@", str(server.root)))
+    user = "user root root;\n" if os.geteuid() == 0 else ""     # the test's files are its own (0700 dirs)
+    (base / "nginx.conf").write_text(
+        f"{user}worker_processes 1;\npid {base}/nginx.pid;\nerror_log {base}/error.log info;\nevents {{}}\n"
+        f"http {{\n    access_log {base}/access.log;\n    client_body_temp_path {base}/body;\n"
+        f"    proxy_temp_path {base}/proxy;\n    fastcgi_temp_path {base}/fastcgi;\n"
+        f"    uwsgi_temp_path {base}/uwsgi;\n    scgi_temp_path {base}/scgi;\n"
+        f"    include {base}/offload.conf;\n}}\n")
+    proc = subprocess.Popen([nginx, "-p", str(base), "-c", str(base / "nginx.conf"), "-e", str(base / "error.log"),
+                             "-g", "daemon off;"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.communicate()[0]
+                time.sleep(0.05)
+        edge = server_factory(server.root, **dict(FAST, ASPEN_OFFLOAD_URL=f"http://127.0.0.1:{port}/offload"))
+        client = tmp_path / "client.git"
+        assert _got_uris(_clone(f"{edge.url}/repo.git", client, "fetch.uriProtocols=http"))
+        _correct(client, repo)
+        name = _import_pack(repo)
+        access = (base / "access.log").read_text()
+        assert f"GET /offload/repo.git/aspen/pack/pack-{name}.pack HTTP/1.1\" 200" in access
+        status, hdrs, body = _get(f"http://127.0.0.1:{port}/offload/repo.git/aspen/pack/pack-{name}.pack",
+                                  Range="bytes=0-3")
+        assert status == 206 and body == b"PACK" and "immutable" in hdrs["Cache-Control"]
+        assert _get(f"http://127.0.0.1:{port}/offload/repo.git/config")[0] == 404
+        assert _get(f"http://127.0.0.1:{port}/offload/repo.git/aspen/pack/../../config")[0] == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
