@@ -174,6 +174,9 @@ def test_offload_url_names_packs_on_another_server(served, tmp_path, server_fact
         _correct(client, repo)
         assert asked == [f"/cdn/repo.git/aspen/pack/pack-{_import_pack(repo)}.pack"]
         assert "service=pack " not in edge.log_text()
+        # bundles are made by Aspen on their first download: bundle-uri names Aspen's own route
+        status, body = _post_v2(f"{edge.url}/repo.git", [encode("command=bundle-uri\n"), FLUSH])
+        assert status == 200 and f"uri={edge.url}/repo.git/aspen/bundle@".encode() in body
     finally:
         files.shutdown()
 

@@ -252,7 +252,7 @@ def bundle_uri(ctx) -> Iterator[bytes]:
         ctx.trace["why"] = "none"
         return iter([offload.bundle_uri_answer(None, 0)])
     version = offload.bundle_version(store)
-    base = offload.repo_base(ctx.settings, ctx.request.url, ctx.request.url_path)
+    base = ctx.request.url          # Aspen's own route: the bundle is made on its first download
     ctx.trace.update(why="advertised" if version >= 1 and base else "none", bundle=version)
     return iter([offload.bundle_uri_answer(base, version)])
 
