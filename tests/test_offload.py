@@ -249,6 +249,20 @@ def test_bundle_uri_command_answers_as_git_s_tests_expect(served, tmp_path):
     assert res.returncode == 0
     h.fsck_strict(str(client))
     assert "aspen_bundle_uri_answers_total{bundle=\"advertised\"} 1" in _get(f"{server.url}/_aspen/metrics")[2].decode()
+    # the bundle moves on with compaction: more pushes, their segment packs built, a later bundle
+    for i in range(4):
+        pk.commit(work, f"later {i}")
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    h.wait_packs_built(repo)
+    deadline = time.time() + 60
+    while True:
+        reach = h.store_rows(repo, "SELECT MAX(hi) FROM segment_packs WHERE name != ''")[0][0]
+        if reach and reach > int(m.group(1)) or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    body = _post_v2(url, [encode("command=bundle-uri\n"), FLUSH])[1]
+    later = [re.search(r"/aspen/bundle@(\d+)$", x.decode()) for x in _pkt_lines(body) if b".uri=" in x]
+    assert len(later) == 1 and int(later[0].group(1)) == reach > int(m.group(1)), (body, reach)
     # bad input: an argument (git dies on any) -> 400; the same request without a delim is fine
     status, _ = _post_v2(url, [encode("command=bundle-uri\n"), DELIM, encode("extra\n"), FLUSH])
     assert status == 400
