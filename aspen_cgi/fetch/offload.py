@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from ..packs.packfile import OBJ_OFS_DELTA, OBJ_REF_DELTA, Pack, PackIndex
 from ..packs.splice import Extent, SplicePlan, plan_splice
@@ -104,9 +104,12 @@ def plan_offload(packs_dir: str, plan: Plan, import_name: Optional[str], base: s
     for n, _ in rest:
         if n not in indexes:
             indexes[n] = PackIndex.load(os.path.join(packs_dir, f"pack-{n}.idx"))
-    if import_name not in indexes:
-        indexes[import_name] = PackIndex.load(os.path.join(packs_dir, f"pack-{import_name}.idx"))
-    chains = _chains(path, indexes[import_name], [os.path.join(packs_dir, f"pack-{n}.pack") for n, _ in rest],
+
+    def import_index() -> PackIndex:       # read only when the rest has deltas on outside bases
+        if import_name not in indexes:
+            indexes[import_name] = PackIndex.load(os.path.join(packs_dir, f"pack-{import_name}.idx"))
+        return indexes[import_name]
+    chains = _chains(path, import_index, [os.path.join(packs_dir, f"pack-{n}.pack") for n, _ in rest],
                      [indexes[n] for n, _ in rest])
     extents = ([Extent(path, index=indexes[import_name], include=chains)] if chains else []) + \
         [Extent(os.path.join(packs_dir, f"pack-{n}.pack"), index=indexes[n], thin=t) for n, t in rest]
@@ -119,19 +122,23 @@ def _by_offset(index: PackIndex) -> tuple[list[int], list[int]]:
     return index.sorted_offsets, index.pack_order
 
 
-def _chains(import_path: str, index: PackIndex, rest_paths: Sequence[str], rest_indexes: Sequence[PackIndex]
-            ) -> frozenset[bytes]:
+def _chains(import_path: str, import_index: Callable[[], PackIndex], rest_paths: Sequence[str],
+            rest_indexes: Sequence[PackIndex]) -> frozenset[bytes]:
     """The import pack's objects the rest's deltas need: each outside
     REF_DELTA base of the rest that the import pack holds, and the entries
     its delta chain there goes through (headers read, nothing inflated)."""
     own: set[bytes] = set()
     for ix in rest_indexes:
         own.update(ix.oids)
-    wanted: set[bytes] = set()
+    outside: set[bytes] = set()
     for p, ix in zip(rest_paths, rest_indexes):
         with Pack(p, ix) as pack:
-            wanted.update(e.base_oid for e in pack.entries()
-                          if e.type == OBJ_REF_DELTA and e.base_oid not in own and e.base_oid in index)
+            outside.update(e.base_oid for e in pack.entries()
+                           if e.type == OBJ_REF_DELTA and e.base_oid is not None and e.base_oid not in own)
+    if not outside:
+        return frozenset()
+    index = import_index()
+    wanted = {o for o in outside if o in index}
     if not wanted:
         return frozenset()
     out: set[bytes] = set()

@@ -534,6 +534,9 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
         if result.detail:
             ctx.trace["unproved"] = result.detail
         return _fallback(ctx, result.reason)
+    offloaded = _offloaded(ctx, req, store, history, result)      # before the whole plan's packs are opened
+    if offloaded is not None:
+        return offloaded
     splice = _prepare(ctx, store, result, history.indexes)
     if isinstance(splice, GitAnswers):
         return splice
@@ -542,9 +545,6 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
         return splice
     ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=splice.objects)
     from . import planned as responder  # startup
-    offloaded = _offloaded(ctx, req, store, history, result, splice)
-    if offloaded is not None:
-        return offloaded
     if ctx.protocol_version == 2:
         return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"),
                                      ready=not req.done)
@@ -567,8 +567,10 @@ def _offload_base(ctx, req: FetchRequest) -> Optional[str]:
     return base
 
 
-def _offloaded(ctx, req: FetchRequest, store, history, result, splice) -> Optional[Iterator[bytes]]:
-    """The planned answer with the import pack named by URI, or None (sent inline)."""
+def _offloaded(ctx, req: FetchRequest, store, history, result) -> Optional[Iterator[bytes]]:
+    """The planned answer with the import pack named by URI, or None (sent
+    inline). Only the rest's packs are opened: opening the import pack (its
+    offsets sorted to check its index) costs ~1 s of CPU on git.git."""
     from ..packs.packfile import PackError  # startup
     from . import offload  # startup
     base = _offload_base(ctx, req)
@@ -585,9 +587,8 @@ def _offloaded(ctx, req: FetchRequest, store, history, result, splice) -> Option
     if off is None:
         ctx.trace["offload"] = "inline"
         return None
-    splice.close()
-    ctx.trace.update(offload="uri", offload_bytes=sum(u.size for u in off.uris), objects=off.inline.objects,
-                     offload_chain=off.chain_objects)
+    ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=off.inline.objects,
+                     offload="uri", offload_bytes=sum(u.size for u in off.uris), offload_chain=off.chain_objects)
     return offload.v2_offloaded(off, result, progress=not req.has_capability("no-progress"), ready=not req.done)
 
 
