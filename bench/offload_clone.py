@@ -53,7 +53,9 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
 
 def _refs(gitdir: Path, git: str = "git") -> dict[str, str]:
     out = _run(git, "-C", str(gitdir), "for-each-ref", "--format=%(objectname) %(refname)").stdout.decode()
-    return {name: oid for oid, name in (line.split(" ", 1) for line in out.splitlines())}
+    # refs/bundles/*: what a bundle-uri clone keeps of the bundle's refs (git's bundle-uri.c), not the server's
+    return {name: oid for oid, name in (line.split(" ", 1) for line in out.splitlines())
+            if not name.startswith("refs/bundles/")}
 
 
 def _clone_argv(kind: str, url: str, dest: Path, git: str) -> list[str]:
