@@ -12,7 +12,12 @@ Every other request goes to git's own upload-pack as it came (exact stock
 semantics), the trace saying why.
 
 Each have's tips are looked up once per request, all haves in one query
-(the known-have check and the planner share them)."""
+(the known-have check and the planner share them).
+
+Protocol v2 also advertises packfile-uris and bundle-uri (ASPEN_OFFLOAD,
+ASPEN_BUNDLE_URI): a planned answer names the import pack by URI for a
+client that offers packfile-uris, and the bundle-uri command is answered
+here (fetch/offload.py)."""
 
 from __future__ import annotations
 
@@ -504,8 +509,11 @@ class GitAnswers:
 
 def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
     """Aspen's answer, or GitAnswers. v2: fetches without want-ref,
-    packfile-uris, wait-for-done or sideband-all; a plan proved from a
-    round's haves ends the negotiation there (`ready`). v0/v1: one stateless
+    wait-for-done or sideband-all (packfile-uris too where
+    uploadpack.blobPackfileUri is set: git's own); a plan proved from a
+    round's haves ends the negotiation there (`ready`), naming the import
+    pack by URI where the client offers packfile-uris (fetch/offload.py).
+    v0/v1: one stateless
     round whose haves are all version tips (see `_v0_reason`). Everything
     else, and every round the store cannot prove, is git's (the trace says
     why)."""
