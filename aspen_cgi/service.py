@@ -41,6 +41,8 @@ class RequestInfo:
     protocol: int                   # GIT_PROTOCOL's version (0 when none)
     client: Optional[Client] = None     # who counts for admission's per-client share (http/client.py); None:
                                         # no client waits (pre-warm), no share applies
+    url: Optional[str] = None       # the repository's URL as the client reached it (http/backend.py)
+    url_path: str = ""              # ...its path under the application (no SCRIPT_NAME)
 
     @classmethod
     def of(cls, env: Mapping[str, str], protocol: Optional[int] = None,

@@ -215,6 +215,19 @@ TABLE = (
     ("ASPEN_BUILD_WAIT_MS", "build_wait", MILLISECONDS, 0.05, "`50`", None,
      "the most a fetch waits for its versions' packs, and only when each is made in milliseconds (a client's"
      " pack adopted, no git run); never for a pack git must build: git answers at once; `0`: never waits"),
+    # what the edge carries (fetch/offload.py)
+    ("ASPEN_OFFLOAD", "offload", SWITCH, True, "`1`", None,
+     "protocol v2 fetches whose client offers `packfile-uris` (git's `fetch.uriProtocols`) get the stored "
+     "import pack by URI (`<repo>/aspen/pack/pack-<name>.pack`, or ASPEN_OFFLOAD_URL's) instead of inline; "
+     "the rest comes inline"),
+    ("ASPEN_OFFLOAD_URL", "offload_url", HTTP_URL, None, "unset: Aspen's own route", None,
+     "the base URL the packs go by instead of this server's (nginx or a CDN serving `aspen/packs/` from disk: "
+     "nginx/aspen-offload.conf); a pack's URL is this, the repository's path, `/aspen/pack/pack-<name>.pack`"),
+    ("ASPEN_OFFLOAD_MIN_BYTES", "offload_min_bytes", SIZE, 1 << 20, "`1m`", None,
+     "a stored pack smaller than this goes inline"),
+    ("ASPEN_BUNDLE_URI", "bundle_uri", SWITCH, True, "`1`", None,
+     "advertise `bundle-uri` in protocol v2 and answer it with the bundle of the repository at its last "
+     "compaction (`<repo>/aspen/bundle@V`; git >= 2.40 clients with `transfer.bundleURI=true` ask)"),
     ("ASPEN_COMPACT_QUIET_MS", "compact_quiet", MILLISECONDS, 1.0, "`1000`", None,
      "how long a repository must go without a new version before its segment packs are built and its depth-1"
      " clones pre-warmed"),

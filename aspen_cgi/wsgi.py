@@ -92,6 +92,8 @@ def cgi_env(environ: dict) -> dict[str, str]:
             env[key] = value
     if not environ.get("CONTENT_LENGTH"):
         env.pop("CONTENT_LENGTH", None)
+    if environ.get("wsgi.url_scheme") == "https" and "HTTPS" not in environ:
+        env["HTTPS"] = "on"                 # as a CGI server says it (the URLs fetch/offload.py names)
     header = settings.of(env).remote_user_header
     if header:
         # Behind a proxy that authenticates (nginx's auth_basic) and always sets the header: the

@@ -55,9 +55,10 @@ class ClientResult:
 
 
 def run(args: Sequence[str], cwd: Optional[Path] = None, protocol: Optional[int] = None, timeout: float = 600,
-        input: Optional[bytes] = None, when: Optional[int] = None) -> ClientResult:
-    """Run `git -c protocol.version=P ARGS` and time it."""
-    argv = ["git", "-c", f"protocol.version={DEFAULT_PROTOCOL if protocol is None else protocol}", *args]
+        input: Optional[bytes] = None, when: Optional[int] = None, config: Sequence[str] = ()) -> ClientResult:
+    """Run `git -c protocol.version=P [-c CONFIG]... ARGS` and time it."""
+    argv = ["git", "-c", f"protocol.version={DEFAULT_PROTOCOL if protocol is None else protocol}",
+            *(x for c in config for x in ("-c", c)), *args]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(argv, cwd=str(cwd) if cwd else None, env=git_env(when), input=input,
@@ -72,8 +73,9 @@ def run(args: Sequence[str], cwd: Optional[Path] = None, protocol: Optional[int]
 
 
 def clone(url: str, dest: Path, depth: Optional[int] = None, mirror: bool = False, bare: bool = False,
-          branch: Optional[str] = None, protocol: Optional[int] = None, timeout: float = 600) -> ClientResult:
-    """`git clone` (full, `--depth N`, `--mirror` or `--bare`) of URL into DEST."""
+          branch: Optional[str] = None, protocol: Optional[int] = None, timeout: float = 600,
+          config: Sequence[str] = ()) -> ClientResult:
+    """`git clone` (full, `--depth N`, `--mirror` or `--bare`) of URL into DEST; CONFIG: `-c` settings."""
     args = ["clone", "-q", "--no-checkout" if not (mirror or bare) else "--bare"]
     if mirror:
         args = ["clone", "-q", "--mirror"]
@@ -81,7 +83,7 @@ def clone(url: str, dest: Path, depth: Optional[int] = None, mirror: bool = Fals
         args += ["--depth", str(depth)]
     if branch:
         args += ["--branch", branch, "--single-branch"]
-    return run([*args, url, str(dest)], protocol=protocol, timeout=timeout)
+    return run([*args, url, str(dest)], protocol=protocol, timeout=timeout, config=config)
 
 
 def fetch(repo: Path, url: str = "origin", refspecs: Sequence[str] = (), prune: bool = False,

@@ -120,11 +120,20 @@ def tokens(body: bytes) -> list[tuple]:
 
 
 def norm_advertisement(body: bytes) -> bytes:
-    """Replace every agent=<x> by agent=X and re-frame the affected pkt-lines."""
+    """Replace every agent=<x> by agent=X and re-frame the affected pkt-lines.
+    What Aspen adds to protocol v2's capabilities by default (docs/differences.md)
+    is left out: `packfile-uris` in `fetch=`, the `bundle-uri` line."""
     res = []
+    dropped = 0
     for t in tokens(body):
+        if t[0] == "pkt" and t[1] == b"bundle-uri\n":
+            dropped += 1
+            continue
         if t[0] == "pkt":
-            res.append(pkt(re.sub(rb"agent=[^ \n\0]*", b"agent=X", t[1])))
+            line = re.sub(rb"agent=[^ \n\0]*", b"agent=X", t[1])
+            if line.startswith(b"fetch="):
+                line = line.replace(b" packfile-uris", b"")
+            res.append(pkt(line))
         elif t[0] == "flush":
             res.append(FLUSH)
         elif t[0] == "delim":
@@ -134,7 +143,7 @@ def norm_advertisement(body: bytes) -> bytes:
         else:
             raise AssertionError(f"unexpected token in advertisement: {t!r}")
     out = b"".join(res)
-    assert len(tokens(out)) == len(tokens(body))
+    assert len(tokens(out)) == len(tokens(body)) - dropped
     return out
 
 

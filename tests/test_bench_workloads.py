@@ -231,6 +231,31 @@ def test_history_clone_end_to_end(bench_ctx):
     assert len(set(refs)) == 1
 
 
+def test_offload_clone_end_to_end(tmp_path, monkeypatch):
+    """offload-clone: Aspen's answer to a packfile-uris client carries only what the
+    import pack does not (the import pack by URI, through the same proxy); stock's
+    carries everything. Both verified (fsck --strict, refs)."""
+    from bench import targets
+    monkeypatch.setenv("ASPEN_OFFLOAD_MIN_BYTES", "1")          # the tiny repository's import pack goes by URI
+    root = tmp_path / "root"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
+    with targets.running_targets(["aspen-packs", "stock"], root, tmp_path / "servers") as started:
+        infos = [t.info for t in started]
+        ctx = WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
+                              roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
+                              params={"reps": 2}, procs={i.name: list(i.pids) for i in infos})
+        rows = WORKLOADS["offload-clone"](ctx)
+        log = next(t for t in started if t.info.name == "aspen-packs").log_text()
+    by = {r.target: r.metrics for r in rows}
+    for t, m in by.items():
+        assert m["failures"] == 0 and m["verified"] is True and m["server_cpu_s"] >= 0, t
+    assert by["aspen-packs"]["pack_bytes"] < by["stock"]["pack_bytes"] / 10       # the inline part only
+    assert by["aspen-packs"]["bytes"] > by["stock"]["bytes"] / 2                 # ... the pack came by its URI
+    assert log.count("offload=uri") == 2 and "service=pack method=GET" in log
+    assert all(r.params == {"uri_protocols": "http"} for r in rows)
+
+
 def test_gitclient_failure_is_a_result(tmp_path):
     r = gitclient.ls_remote("http://127.0.0.1:9/nothing.git", timeout=30)
     assert not r.ok and r.wall_ms > 0 and r.stderr_tail

@@ -271,9 +271,15 @@ _AGENT = re.compile(rb"agent=[^ \n\0]*")
 
 
 def normalise(body: bytes) -> list:
-    """pkt-lines with `agent=` values blanked and each length recomputed."""
+    """pkt-lines with `agent=` values blanked and each length recomputed; what
+    Aspen adds to v2's capabilities by default (`packfile-uris` in `fetch=`,
+    `bundle-uri`: docs/differences.md) left out."""
     out = []
     for pkt, _ in P.parse(body):
+        if pkt == b"bundle-uri\n":
+            continue
+        if isinstance(pkt, bytes) and pkt.startswith(b"fetch="):
+            pkt = pkt.replace(b" packfile-uris", b"")
         out.append(_AGENT.sub(b"agent=X", pkt) if isinstance(pkt, bytes) else pkt)
     return out
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 SHARED = ["apache/aspen-cgi.conf", "apache/aspen-wsgi.conf", "apache/aspen.wsgi", "apache/side-by-side.conf",
-          "nginx/aspen.conf", "nginx/aspen-cluster.conf", "nginx/aspen-gunicorn.service"]
+          "nginx/aspen.conf", "nginx/aspen-cluster.conf", "nginx/aspen-offload.conf", "nginx/aspen-gunicorn.service"]
 
 
 @pytest.fixture(scope="module")

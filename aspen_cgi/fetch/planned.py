@@ -57,7 +57,7 @@ def v2_packfile(splice: SplicePlan, plan: Plan, progress: bool, ready: bool = Fa
     if ready:
         yield pktline.encode(b"acknowledgments\n") + pktline.encode(b"ready\n") + pktline.DELIM
     yield pktline.encode(b"packfile\n")
-    yield from _banded_pack(splice, plan, BAND_DATA, progress)
+    yield from banded_pack(splice, plan, BAND_DATA, progress)
     yield pktline.FLUSH
 
 
@@ -80,14 +80,17 @@ def v0_pack(splice: SplicePlan, plan: Plan, sideband: int, progress: bool) -> It
     if not sideband:
         yield from splice.chunks()
         return
-    yield from _banded_pack(splice, plan, sideband, progress)
+    yield from banded_pack(splice, plan, sideband, progress)
     yield pktline.FLUSH
 
 
-def _banded_pack(splice: SplicePlan, plan: Plan, size: int, progress: bool) -> Iterator[bytes]:
+def banded_pack(splice: SplicePlan, plan: Plan, size: int, progress: bool, uris: int = 0) -> Iterator[bytes]:
+    """URIS: stored packs named by URI before it (fetch/offload.py), said in its progress line."""
     if progress:
         mib = splice.size / (1 << 20)
-        yield _band(2, f"Aspen: {len(plan.versions)} stored packs, {splice.objects} objects, {mib:.1f} MiB\n".encode())
+        by_uri = f" ({uris} more by URI)" if uris else ""
+        yield _band(2, f"Aspen: {len(plan.versions)} stored packs{by_uri}, {splice.objects} objects, "
+                       f"{mib:.1f} MiB\n".encode())
     for chunk in splice.chunks(size):
         # the last chunk carries the trailer and may be longer than asked
         yield b"".join(pktline.sideband(1, chunk, size))

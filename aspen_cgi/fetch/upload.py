@@ -12,7 +12,12 @@ Every other request goes to git's own upload-pack as it came (exact stock
 semantics), the trace saying why.
 
 Each have's tips are looked up once per request, all haves in one query
-(the known-have check and the planner share them)."""
+(the known-have check and the planner share them).
+
+Protocol v2 also advertises packfile-uris and bundle-uri (ASPEN_OFFLOAD,
+ASPEN_BUNDLE_URI): a planned answer names the import pack by URI for a
+client that offers packfile-uris, and the bundle-uri command is answered
+here (fetch/offload.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +50,14 @@ def _config(ctx) -> UploadConfig:
 
 
 def _caps(ctx) -> adv.UploadCaps:
-    return _config(ctx).caps
+    """The configuration's capabilities, and what Aspen adds by default: packfile-uris
+    (ASPEN_OFFLOAD) and bundle-uri (ASPEN_BUNDLE_URI) where a ref store answers."""
+    caps = _config(ctx).caps
+    s = ctx.settings
+    if (s.offload and not caps.packfile_uris) or (s.bundle_uri and s.refstore and not caps.bundle_uri):
+        caps = replace(caps, packfile_uris=caps.packfile_uris or s.offload,
+                       bundle_uri=s.bundle_uri and s.refstore)
+    return caps
 
 
 def _hidden(ctx):
@@ -231,6 +243,25 @@ def _ls_refs_lines(ctx, req: LsRefsRequest, snap: RefSnapshot) -> Iterator[bytes
     yield pktline.FLUSH
 
 
+def bundle_uri(ctx) -> Iterator[bytes]:
+    """The `bundle-uri` command (fetch/offload.py): the bundle of the last
+    compaction, where the client may see every ref; else no bundle."""
+    from . import offload  # startup
+    ctx.trace.update(plan="bundle-uri")
+    err = _resolve_pin(ctx)
+    if err is not None:
+        return iter([err])
+    store = ctx.refstore()
+    snap = _snapshot(ctx)
+    if store is None or ctx.pinned is not None or _visibility(ctx, snap) is not None or not snap.refs:
+        ctx.trace["why"] = "none"
+        return iter([offload.bundle_uri_answer(None, 0)])
+    version = offload.bundle_version(store)
+    base = ctx.request.url          # Aspen's own route: the bundle is made on its first download
+    ctx.trace.update(why="advertised" if version >= 1 and base else "none", bundle=version)
+    return iter([offload.bundle_uri_answer(base, version)])
+
+
 def git_upload_pack(ctx, data: bytes, req: Optional[FetchRequest] = None, any_want: bool = False) -> Iterable[bytes]:
     """The fallback responder: git's upload-pack, stateless, with the request
     as it came, once admission control gives it a slot (503 past the queue).
@@ -324,6 +355,14 @@ def respond(ctx, req: FetchRequest, data: bytes) -> Iterable[bytes]:
     from . import packobjectshook as packhook  # startup
     if ctx.pinned is not None:
         return compute(ctx, req, data)      # a view of the past: no cache entries, no depth-1 builds for it
+    if _offload_base(ctx, req) is not None:
+        # an answer naming packs by URI is a few small stored packs spliced: not kept (its URLs
+        # are the Host's the client came by, and the metrics count every answer's offloaded bytes)
+        planned = _planned(ctx, req)
+        if not isinstance(planned, GitAnswers):
+            return planned
+        ctx.trace.pop("plan", None)
+        ctx.trace.pop("why", None)
     depth1 = packhook.wants_wide_pack(req, ctx.settings)
     sdir = state_dir(ctx.gitdir, ctx.settings)
     if depth1:
@@ -483,8 +522,11 @@ class GitAnswers:
 
 def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
     """Aspen's answer, or GitAnswers. v2: fetches without want-ref,
-    packfile-uris, wait-for-done or sideband-all; a plan proved from a
-    round's haves ends the negotiation there (`ready`). v0/v1: one stateless
+    wait-for-done or sideband-all (packfile-uris too where
+    uploadpack.blobPackfileUri is set: git's own); a plan proved from a
+    round's haves ends the negotiation there (`ready`), naming the import
+    pack by URI where the client offers packfile-uris (fetch/offload.py).
+    v0/v1: one stateless
     round whose haves are all version tips (see `_v0_reason`). Everything
     else, and every round the store cannot prove, is git's (the trace says
     why)."""
@@ -513,6 +555,9 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
         if result.detail:
             ctx.trace["unproved"] = result.detail
         return _fallback(ctx, result.reason)
+    offloaded = _offloaded(ctx, req, store, history, result)      # before the whole plan's packs are opened
+    if offloaded is not None:
+        return offloaded
     splice = _prepare(ctx, store, result, history.indexes)
     if isinstance(splice, GitAnswers):
         return splice
@@ -525,6 +570,47 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
         return responder.v2_packfile(splice, result, progress=not req.has_capability("no-progress"),
                                      ready=not req.done)
     return _v0_response(ctx, req, splice, result)
+
+
+def _offload_base(ctx, req: FetchRequest) -> Optional[str]:
+    """Where this answer's packs would be named from (fetch/offload.py), or
+    None: offload off, the client offers no scheme the URL has, a view of
+    the past, some refs hidden from the client, git's own packfile-uris."""
+    from . import offload  # startup
+    if (not ctx.settings.offload or req.packfile_uris is None or ctx.pinned is not None
+            or ctx.protocol_version != 2 or _config(ctx).caps.packfile_uris):
+        return None
+    base = offload.repo_base(ctx.settings, ctx.request.url, ctx.request.url_path)
+    if base is None or not offload.scheme_offered(base, offload.protocols(req.packfile_uris)):
+        return None
+    if _visibility(ctx, _snapshot(ctx)) is not None:
+        return None
+    return base
+
+
+def _offloaded(ctx, req: FetchRequest, store, history, result) -> Optional[Iterator[bytes]]:
+    """The planned answer with the import pack named by URI, or None (sent
+    inline). Only the rest's packs are opened: opening the import pack (its
+    offsets sorted to check its index) costs ~1 s of CPU on git.git."""
+    from ..packs.packfile import PackError  # startup
+    from . import offload  # startup
+    base = _offload_base(ctx, req)
+    if base is None:
+        return None
+    imported = history.pack_of(1)
+    try:
+        off = offload.plan_offload(store.packs_dir, result, imported.name if imported is not None else None, base,
+                                   ctx.settings.offload_min_bytes, history.indexes,
+                                   id_bytes(ctx.config.object_format))
+    except (PackError, OSError) as e:
+        ctx.log.append(f"aspen: offload: stored packs unusable ({e}); sent inline\n")
+        return None
+    if off is None:
+        ctx.trace["offload"] = "inline"
+        return None
+    ctx.trace.update(plan="planned", extents=len([n for n in result.packs if n]), objects=off.inline.objects,
+                     offload="uri", offload_bytes=sum(u.size for u in off.uris), offload_chain=off.chain_objects)
+    return offload.v2_offloaded(off, result, progress=not req.has_capability("no-progress"), ready=not req.done)
 
 
 def _built(ctx, store) -> bool:
@@ -549,8 +635,10 @@ def _request_reason(ctx, req: FetchRequest) -> Optional[str]:
         return "shallow-repository"     # its answers carry shallow lines; stored packs know none
     if ctx.protocol_version != 2:
         return _v0_reason(req)
-    if req.want_refs or req.packfile_uris or req.wait_for_done:
-        return "want-ref" if req.want_refs else "packfile-uris" if req.packfile_uris else "wait-for-done"
+    if req.packfile_uris is not None and _config(ctx).caps.packfile_uris:
+        return "packfile-uris"          # uploadpack.blobPackfileUri: git's own packfile-uris
+    if req.want_refs or req.wait_for_done:
+        return "want-ref" if req.want_refs else "wait-for-done"
     if req.sideband_all:
         return "sideband-all"           # every section framed on band 1, or refused when not allowed: git's
     return None
@@ -758,6 +846,8 @@ def serve(ctx, data: bytes) -> Iterable[bytes]:
         if isinstance(req, LsRefsRequest):
             return ls_refs(ctx, req)
         if isinstance(req, OtherCommand):
+            if req.name == "bundle-uri" and _caps(ctx).bundle_uri:
+                return bundle_uri(ctx)
             return git_upload_pack(ctx, data)
         err = _resolve_pin(ctx, req.server_options)
         if err is not None:

@@ -22,14 +22,15 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
               f"method={method}", f"path={path or '-'}", f"status={status}", f"bytes={nbytes}", f"ms={ms:.1f}"]
     for key in ("version", "pin", "reinjected", "cache", "entry", "depth1", "client", "queued_ms", "over_share", "behind", "plan", "why", "unproved",
                 "build_wait_ms", "plan_us", "checked", "ready_by", "check_us", "visits", "extents", "span", "commands",
-                "objects", "push", "proc_receive", "adopted", "phases", "replayed", "resident", "pollfile", "ended"):
+                "objects", "offload", "offload_bytes", "offload_chain", "bundle", "push", "proc_receive", "adopted", "phases",
+                "replayed", "resident", "pollfile", "ended"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
 
 
 PLAN_KEYS = ("protocol", "cache", "entry", "depth1", "plan", "why", "unproved", "build_wait_ms", "versions_visited", "segments_visited", "lookups", "extents",
-             "span", "objects", "plan_us", "checked", "ready_by", "check_us")
+             "span", "objects", "offload", "offload_bytes", "offload_chain", "plan_us", "checked", "ready_by", "check_us")
 
 
 def plan_line(status: int, nbytes: int, started: float, trace: dict) -> str:

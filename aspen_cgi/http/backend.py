@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Optional
 
 from .. import settings
@@ -132,6 +132,7 @@ class _Call:
     route: routes.Route
     max_buffer: int
     pin: Optional[Pin] = None   # `repo.git@V/…`: a read-only view of version V (model/pin.py)
+    repo_dir: str = ""          # the repository's path in the URL (PATH_INFO before its route)
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -139,8 +140,9 @@ class _Call:
 
     def context(self, protocol: Optional[int] = None) -> ServiceContext:
         s = settings.of(self.env)
-        ctx = ServiceContext(self.repo, self.config, self.cenv,
-                             RequestInfo.of(self.cenv, protocol, clients.of(self.env, s)), [], s, pin=self.pin)
+        info = replace(RequestInfo.of(self.cenv, protocol, clients.of(self.env, s)), url=repo_url(self.env, self.repo_dir),
+                       url_path=self.repo_dir)
+        ctx = ServiceContext(self.repo, self.config, self.cenv, info, [], s, pin=self.pin)
         if ctx.settings.pack_store or ctx.settings.node_url:
             # a cluster's node: its copy at the log's latest version before anything is read or
             # received (a push's thin pack names bases another node advertised)
@@ -149,6 +151,18 @@ class _Call:
 
     def snapshot(self) -> refs_mod.RefSnapshot:
         return self.context(0).snapshot(self.namespace)
+
+
+def repo_url(env: Mapping[str, str], repo_dir: str) -> str:
+    """The repository's URL as the client reached it: scheme (HTTPS=on, else
+    REQUEST_SCHEME, else http), Host, SCRIPT_NAME and the repository's path."""
+    scheme = "https" if env.get("HTTPS", "").lower() in ("on", "1") else env.get("REQUEST_SCHEME") or "http"
+    host = env.get("HTTP_HOST") or f"{env.get('SERVER_NAME', 'localhost')}:{env.get('SERVER_PORT', '80')}"
+    path = (env.get("SCRIPT_NAME", "") + repo_dir).encode("utf-8", "surrogateescape")
+    return f"{scheme}://{host}" + "".join(chr(b) if b in _URL_SAFE else f"%{b:02X}" for b in path)
+
+
+_URL_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/@:+!$&()*,;=")
 
 
 def _head(c: _Call) -> Response:
@@ -252,6 +266,40 @@ def _bundle(c: _Call) -> Response:
     return resp
 
 
+def _stored_pack(c: _Call) -> Response:
+    """GET aspen/pack/pack-<name>.pack: a stored pack, as the packfile-uris of
+    a planned answer name it (fetch/offload.py), served as a static file.
+    Allowed where upload-pack is and the dumb protocol's files are
+    (http.getanyfile: stock serves every pack of objects/pack/ there), and
+    only where the client may see every ref (no hideRefs, no namespace)."""
+    from ..fetch.uploadconfig import UploadConfig  # startup
+    from . import staticfile  # startup
+    c.seen["service"] = "pack"
+    if not service_enabled("upload-pack", c.config, c.env.get("REMOTE_USER")):
+        raise _forbidden("Service not enabled: 'upload-pack'", [])
+    _getanyfile(c.config, [])
+    name = c.arg.rsplit("/", 1)[1]
+    if c.namespace or UploadConfig.parse(c.config).hidden:
+        raise HttpError(404, "Not Found", f"aspen: pack: {name}: some refs are hidden from this client")
+    ctx = c.context()
+    c.seen["trace"] = ctx.trace
+    store = ctx.refstore()
+    path = os.path.join(store.packs_dir, name) if store is not None else None
+    try:
+        st = os.stat(path) if path is not None else None
+    except OSError:
+        st = None
+    if st is None or not os.path.isfile(path):
+        raise HttpError(404, "Not Found", f"aspen: pack: no stored pack {name}", body=b"no such stored pack\n")
+    etag = '"' + name[len("pack-"):-len(".pack")] + '"'      # named by its trailer: never changes
+    resp = staticfile.serve(c.env, path, st.st_size, etag, st.st_mtime,
+                            [("Cache-Control", "public, max-age=31536000, immutable")],
+                            "application/x-git-packed-objects")
+    resp.trace.update(ctx.trace)
+    resp.trace["service"] = "pack"
+    return resp
+
+
 # Stock's services[] table: each route of http/routes.py names its handler here.
 HANDLERS = {
     "head": _head,
@@ -261,6 +309,7 @@ HANDLERS = {
     "file": _file,
     "service": _service,
     "bundle": _bundle,
+    "stored_pack": _stored_pack,
 }
 
 
@@ -306,7 +355,10 @@ def _handle(req: Request, seen: dict) -> Response:
     cenv = child_env(env, repo.gitdir, with_exec_path=method == "POST")
     config = RepoConfig.load(repo.gitdir, cenv)
     max_buffer = max_request_buffer(env.get("GIT_HTTP_MAX_REQUEST_BUFFER"), config.get("http.maxrequestbuffer"))
-    call = _Call(req, seen, repo, config, cenv, env.get("GIT_NAMESPACE") or None, m.arg, m.route, max_buffer, pin)
+    info = env.get("PATH_INFO", "")
+    url_dir = info[:-len(m.arg) - 1] if info.endswith("/" + m.arg) else ""
+    call = _Call(req, seen, repo, config, cenv, env.get("GIT_NAMESPACE") or None, m.arg, m.route, max_buffer, pin,
+                 url_dir)
     resp = HANDLERS[m.route.handler](call)
     resp.trace.update({"repo": repo.path, "gitdir": repo.gitdir})
     return resp

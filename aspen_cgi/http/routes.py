@@ -33,6 +33,7 @@ ROUTES: tuple[Route, ...] = (
     _r("GET", r"/objects/pack/pack-[0-9a-f]{40}\.idx", "file", "application/x-git-packed-objects-toc"),
     _r("GET", r"/objects/pack/pack-[0-9a-f]{64}\.idx", "file", "application/x-git-packed-objects-toc"),
     _r("GET", r"/aspen/bundle(?:@[^/]+)?", "bundle"),
+    _r("GET", r"/aspen/pack/pack-(?:[0-9a-f]{40}|[0-9a-f]{64})\.pack", "stored_pack"),
     _r("POST", r"/git-upload-pack", "service"),
     _r("POST", r"/git-receive-pack", "service"),
 )

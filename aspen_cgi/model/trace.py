@@ -19,7 +19,7 @@ FIELDS = {
     # the request
     "repo": "the repository as stock names it in messages",
     "gitdir": "its git directory",
-    "service": "upload-pack, receive-pack, bundle or metrics",
+    "service": "upload-pack, receive-pack, bundle, pack (a stored pack by URI) or metrics",
     "protocol": "the protocol version of an upload-pack request",
     "version": "the ref-store version the request read (`-`: no store)",
     "pin": "the version a time-travel request reads the repository at (model/pin.py)",
@@ -58,6 +58,10 @@ FIELDS = {
     "extents": "the stored packs a planned answer splices",
     "span": "a span pack: built, kept or spliced",
     "objects": "objects in a planned answer",
+    "offload": "a packfile-uris client's answer: uri (stored packs named by URI) or inline (fetch/offload.py)",
+    "offload_bytes": "bytes of the stored packs the answer named by URI",
+    "offload_chain": "objects of the import pack sent inline too (delta chains the inline pack's deltas need)",
+    "bundle": "the version whose bundle a bundle-uri answer named",
     # pushes
     "commands": "ref updates a push asked for",
     "push": "ok=N,ng=M: the push's ref results",

@@ -23,6 +23,7 @@ class UploadCaps:
     allow_ref_in_want: bool = False
     allow_sideband_all: bool = False
     packfile_uris: bool = False
+    bundle_uri: bool = False
     session_id: Optional[str] = None
     unborn: str = "advertise"          # lsrefs.unborn: advertise | allow | ignore
     agent: str = "aspen"
@@ -78,7 +79,7 @@ def upload_v0(snap: RefSnapshot, caps: UploadCaps, hidden: Callable[[str, str], 
 
 
 def v2_capabilities(caps: UploadCaps) -> Iterator[bytes]:
-    """protocol_v2_advertise_capabilities() of git 2.39."""
+    """protocol_v2_advertise_capabilities() of git 2.39 (and 2.40's bundle-uri)."""
     yield encode("version 2\n")
     yield encode(f"agent={caps.agent}\n")
     yield encode("ls-refs=unborn\n" if caps.unborn == "advertise" else "ls-refs\n")
@@ -97,6 +98,8 @@ def v2_capabilities(caps: UploadCaps) -> Iterator[bytes]:
     if caps.session_id:
         yield encode(f"session-id={caps.session_id}\n")
     yield encode("object-info\n")
+    if caps.bundle_uri:
+        yield encode("bundle-uri\n")      # git 2.40's serve.c: after object-info
     yield FLUSH
 
 

@@ -68,7 +68,8 @@ class LsRefsRequest:
 
 @dataclass
 class OtherCommand:
-    """A v2 command Aspen passes to git as it came (object-info)."""
+    """A v2 command without a typed request: object-info (passed to git as it
+    came), bundle-uri (Aspen's answer where it advertises it, else git's)."""
     name: str
 
 
@@ -261,5 +262,9 @@ def parse_v2(data: bytes) -> V2Request:
                 raise ProtocolError(f"unexpected line: '{arg[:80]}'")
         return req
     if command == "object-info":
+        return OtherCommand(command)
+    if command == "bundle-uri":
+        if args:        # git 2.40's bundle_uri_command() dies on any argument
+            raise ProtocolError(f"bundle-uri: unexpected argument: '{args[0][:80]}'")
         return OtherCommand(command)
     raise ProtocolError(f"invalid command '{command[:80]}'")

@@ -88,6 +88,15 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
     ("aspen_fetch_bytes_total", "counter", "upload-pack response bytes (source)",
      "Upload-pack response bytes by source: stored (spliced from stored packs), git (computed by git "
      "upload-pack), cache (served from the response cache), other (ls-refs, refusals, other commands)."),
+    ("aspen_offload_answers_total", "counter", "fetch answers naming stored packs by URI",
+     "Protocol v2 fetch answers that named stored packs by URI (packfile-uris, fetch/offload.py) instead of "
+     "sending them inline."),
+    ("aspen_offload_bytes_total", "counter", "stored pack bytes named by URI",
+     "Bytes of the stored packs those answers named by URI (the client downloads them from the URI: Aspen's "
+     "`aspen/pack/` route, counted in aspen_response_bytes_total{service=\"pack\"}, or ASPEN_OFFLOAD_URL's "
+     "server)."),
+    ("aspen_bundle_uri_answers_total", "counter", "bundle-uri commands answered (bundle)",
+     "Protocol v2 bundle-uri commands answered, by whether a bundle was named (advertised) or none."),
     ("aspen_admission_rejected_total", "counter", "fetches refused with 503 by admission",
      "Fetches refused with 503 because the admission queue was full or its wait ran out."),
     ("aspen_admission_queued_total", "counter", "fetches that waited in the admission queue",
@@ -126,8 +135,8 @@ FAMILIES: tuple[tuple[str, str, str, str], ...] = (
      "Repositories with at least one version without its version pack."),
 )
 COUNTERS = tuple(name for name, kind, _, _ in FAMILIES if kind == "counter")
-UNLABELLED = ("aspen_admission_rejected_total", "aspen_admission_queued_total",
-              "aspen_admission_wait_seconds_total", "aspen_admission_client_waits_total",
+UNLABELLED = ("aspen_offload_answers_total", "aspen_offload_bytes_total", "aspen_admission_rejected_total",
+              "aspen_admission_queued_total", "aspen_admission_wait_seconds_total", "aspen_admission_client_waits_total",
               "aspen_admission_client_wait_seconds_total", "aspen_admission_client_rejected_total",
               "aspen_push_versions_total")
 
@@ -219,6 +228,11 @@ def series(method: str, status: int, nbytes: int, trace: Mapping) -> list[tuple[
         out.append((key("aspen_fetch_bytes_total", source=source), nbytes))
     if "pollfile" in trace:
         out.append((key("aspen_poll_files_total", result=trace["pollfile"]), 1))
+    if trace.get("offload") == "uri":
+        out.append(("aspen_offload_answers_total", 1))
+        out.append(("aspen_offload_bytes_total", int(trace.get("offload_bytes") or 0)))
+    if trace.get("plan") == "bundle-uri" and status == 200:
+        out.append((key("aspen_bundle_uri_answers_total", bundle=trace.get("why") or "none"), 1))
     if trace.get("pushed_versions"):
         out.append(("aspen_push_versions_total", int(trace["pushed_versions"])))
     if "push" in trace:

@@ -170,7 +170,7 @@ V2_FETCH_ARGS = ["thin-pack", "no-progress", "include-tag", "ofs-delta", "done",
 def v2_requests(draw, oids: Sequence[str]) -> bytes:
     """command=X, capability lines, delim, arguments, flush."""
     out = []
-    command = draw(st.sampled_from(["ls-refs", "fetch", "fetch", "object-info", "bogus", ""]))
+    command = draw(st.sampled_from(["ls-refs", "fetch", "fetch", "object-info", "bundle-uri", "bogus", ""]))
     if draw(st.integers(0, 10)):
         out.append(pkt(f"command={command}\n".encode()))
     caps = st.sampled_from(["agent=git/2.39.5", "object-format=sha1", "object-format=sha256", "server-option=x",
@@ -185,7 +185,7 @@ def v2_requests(draw, oids: Sequence[str]) -> bytes:
             _oid(oids).map(lambda o: f"oid {o}"),
             st.sampled_from(["HEAD", "refs/heads/main", "refs/heads/nope", "", "refs/heads/../x"]).map(
                 lambda r: f"want-ref {r}"),
-            st.sampled_from(["https", "https,file", ""]).map(lambda p: f"packfile-uris {p}"),
+            st.sampled_from(["https", "https,file", "http", ""]).map(lambda p: f"packfile-uris {p}"),
             *_shallow_lines(oids)]
     for line in draw(st.lists(st.one_of(*args), max_size=10)):
         out.append(pkt(_encode_line(line, draw(st.booleans()))))

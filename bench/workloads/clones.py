@@ -1,5 +1,6 @@
 """Clone workloads: `full-clone` and `depth1-clone` (repeated, interleaved,
-medians of wall and bytes), `history-clone` (full `--mirror` clones after a
+medians of wall and bytes), `offload-clone` (full clones by a client that
+offers packfile-uris), `history-clone` (full `--mirror` clones after a
 history of K trunk pushes, once version packs are built) and
 `clone-concurrency` (C clients at once)."""
 
@@ -17,7 +18,7 @@ from .storeprobe import wait_target_packs
 
 def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror: bool = False,
                   params: Optional[dict] = None, extra: Optional[dict] = None, cpu: bool = False,
-                  verify: bool = False) -> list[Measurement]:
+                  verify: bool = False, config: tuple[str, ...] = ()) -> list[Measurement]:
     """REPS clones per target, targets alternating: median wall and wire bytes; the
     plan trace (Aspen targets); with CPU the server tree's CPU per clone
     (`server_cpu_s`, median); with VERIFY the last clone of each target is checked
@@ -27,7 +28,7 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror:
     (`wall_later_ms`, `pack_bytes_later`, `bytes_later`): a server may answer
     the first from git and the later ones from what it built meanwhile.
     Params settle (seconds, default 0) waits that long after the first round
-    of clones."""
+    of clones. CONFIG: the clients' `-c` settings."""
     reps = int(ctx.param("reps", 5, quick=2))
     settle = float(ctx.param("settle", 0))
     walls = {t.name: [] for t in ctx.targets}
@@ -45,7 +46,7 @@ def _clone_series(ctx: WorkloadContext, name: str, depth: Optional[int], mirror:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with ServerUsage(ctx, t, precise=True) if cpu else _Nothing() as u, Wire(ctx, t) as w, \
                     PlanLog(t) as plan:
-                r = gitclient.clone(repo_url(ctx, t), dest, depth=depth, mirror=mirror)
+                r = gitclient.clone(repo_url(ctx, t), dest, depth=depth, mirror=mirror, config=config)
             if r.ok:
                 walls[t.name].append(r.wall_ms)
                 wires[t.name].append(w.metrics())
@@ -116,6 +117,21 @@ class _Nothing:
 def full_clone(ctx: WorkloadContext) -> list[Measurement]:
     """Full clone (no checkout): median wall ms and wire bytes over repetitions."""
     return _clone_series(ctx, "full-clone", None)
+
+
+@register("offload-clone")
+def offload_clone(ctx: WorkloadContext) -> list[Measurement]:
+    """Full `--mirror` clones by a client that offers packfile-uris (param
+    uri_protocols, default `http`: git's `fetch.uriProtocols`): Aspen names its
+    import pack by URI (downloaded from its `aspen/pack/` route, through the same
+    counting proxy) and sends the rest inline; stock, which offers no
+    packfile-uris, sends it all inline. Median wall, bytes on the wire (all
+    requests: `bytes`; the pack inside upload-pack answers: `pack_bytes`), server
+    CPU per clone; the last clone of each target verified (fsck --strict, refs).
+    docs/offload.md."""
+    protocols = str(ctx.param("uri_protocols", "http"))
+    return _clone_series(ctx, "offload-clone", None, mirror=True, params={"uri_protocols": protocols}, cpu=True,
+                         verify=True, config=(f"fetch.uriProtocols={protocols}",))
 
 
 @register("depth1-clone")
