@@ -52,7 +52,7 @@ def refstore_in_postgresql(tmp_path: Path):
     """Stores are known by their repositories' absolute paths (no
     ASPEN_CLUSTER): those under this test's directory are dropped after it."""
     yield
-    from aspen_cgi.refstore import db, db_postgres, pgconn, store
+    from aspen_cgi.refstore import db, db_postgres, pgconn, registry
     conn = pgconn.PgConn(os.environ["ASPEN_REFSTORE_URL"], "public", 2, db.PG_USE_SCHEMA)
     db_postgres.pg_init(conn)
     mine = os.path.realpath(tmp_path) + "/"
@@ -62,7 +62,7 @@ def refstore_in_postgresql(tmp_path: Path):
             # between its reads and the DROP is retried, as every store write is
             with db.patience(30):
                 db.retry(lambda: db_postgres.pg_drop(conn, repo))
-    store.forget_pg_stores()
+    registry.forget_pg_stores()
 
 
 @pytest.fixture

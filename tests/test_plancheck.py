@@ -30,6 +30,11 @@ CAPS = ["multi_ack_detailed", "thin-pack", "side-band-64k", "ofs-delta", "agent=
 
 
 def _built(repo: Path) -> RefStore:
+    """The store with every version's pack: the server's builder first (it
+    adopts each push's sent pack; building beside it would race it for the
+    same file), then whatever is left, here."""
+    if (repo / "aspen").is_dir():       # served: its store and builder exist
+        h.wait_packs_built(repo)
     store = RefStore.open(Repository.of(str(repo), dict(os.environ, GIT_DIR=str(repo))))
     store.sync()
     builder.build_packs(store)

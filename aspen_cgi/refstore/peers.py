@@ -2,7 +2,7 @@
 docs/cluster.md).
 
 Each node keeps the packs of the repositories it serves in a directory of
-its own (store.pack_root). The database lists the cluster's nodes
+its own (registry.pack_root). The database lists the cluster's nodes
 (`aspen_nodes`: each node's URL, and when it last said it was there) and
 which nodes hold each pack a push or an import made (`aspen_pack_holders`).
 A push's pack is sent to other nodes (PUT) until ASPEN_REPLICAS nodes hold
