@@ -89,7 +89,7 @@ def wide_answer(job: Job) -> Iterable[bytes]:
     from . import packobjectshook as packhook  # startup
     hooked = packhook.upload_pack_config(object_format=RepoConfig.load(job.gitdir, job.env).object_format)
     return gitexec.git_stream([*hooked, "upload-pack", "--stateless-rpc", "."],
-                              cwd=job.gitdir, env=dict(job.env), input=job.data)
+                              cwd=job.gitdir, env=gitexec.child_env(job.env), input=job.data)
 
 
 # -- locks ------------------------------------------------------------------------------------------

@@ -304,6 +304,7 @@ class _Commits:
 
     def read(self, oid: str) -> Optional[tuple[int, list[str]]]:
         """OID's committer time and parents; None when it is no commit here."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None     # PIPEs (gitexec.start's own)
         try:
             self.proc.stdin.write(oid.encode() + b"\n")
             self.proc.stdin.flush()
@@ -324,6 +325,7 @@ class _Commits:
         return when, parents
 
     def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None     # PIPEs (gitexec.start's own)
         try:
             self.proc.stdin.close()         # cat-file ends at the end of its input
         except OSError:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
 
 from .. import settings
+from ..git.gitexec import GitEnv
 from ..git.repoconfig import ConfigError, RepoConfig
 from ..model import refs as refs_mod
 from ..model.pin import Pin, split_url
@@ -123,7 +124,7 @@ class _Call:
     seen: dict
     repo: paths.Repo
     config: RepoConfig
-    cenv: dict[str, str]
+    cenv: GitEnv
     namespace: Optional[str]
     arg: str                # the matched text without its leading '/'
     route: routes.Route
