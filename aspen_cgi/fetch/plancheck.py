@@ -146,7 +146,7 @@ def _subset(gitdir: str, env: Mapping[str, str], packs_dir: str, names: Sequence
                     e = pack.entry(oid)
                     if e.type == OBJ_OFS_DELTA and not at:
                         at = {index.offset(i): index.oid(i) for i in range(index.count)}
-                    base = at.get(e.base_offset) if e.type == OBJ_OFS_DELTA else \
+                    base = at.get(e.base_offset) if e.type == OBJ_OFS_DELTA and e.base_offset is not None else \
                         e.base_oid if e.type == OBJ_REF_DELTA else None
                     if base is not None and base in held and base not in listed:
                         bases.add(base)
