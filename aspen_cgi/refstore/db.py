@@ -250,7 +250,7 @@ def _pg_write_once(conn: pgconn.PgConn, fn: Callable[[Conn], T], deadline: float
     conn.begin("BEGIN", [("SELECT set_config('lock_timeout', ?, true)", (f"{ms}ms",)),
                          ("SELECT pg_advisory_xact_lock(?)", (pg_lock_key(conn.schema),))])
     try:
-        out = fn(conn)        # type: ignore[arg-type]
+        out = fn(conn)
         conn.commit()
         return out
     except UnicodeEncodeError as e:
