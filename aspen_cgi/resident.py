@@ -389,7 +389,8 @@ def serve(path: str, idle: float, most: int) -> int:
         while _ours(path, ino) and not pool.stale:
             _reap()
             pairs = {w.pair.fileno(): w for w in pool.workers}
-            ready, _, _ = select.select([listener, *pairs], [], [], 1.0)
+            watched: list[socket.socket | int] = [listener, *pairs]
+            ready, _, _ = select.select(watched, [], [], 1.0)
             for fd in ready:
                 if fd in pairs:
                     pool.heard(pairs[fd])

@@ -265,6 +265,44 @@ class Settings:
     """The typed settings of one environment: one attribute per TABLE row (its
     second column), each the parsed value or the default."""
     __slots__ = tuple(row[1] for row in TABLE)
+    if TYPE_CHECKING:                       # what mypy knows of each row's attribute
+        state_dir: Optional[str]
+        run_dir: str
+        access_log: bool
+        cgi_resident: bool
+        cgi_resident_idle: float
+        cgi_resident_workers: int
+        metrics: bool
+        remote_user_header: Optional[str]
+        refstore: bool
+        store_wait: float
+        refstore_url: Optional[str]
+        refstore_pool: int
+        cluster: Optional[str]
+        pack_store: Optional[str]
+        node_url: Optional[str]
+        cluster_secret: Optional[str]
+        replicas: int
+        max_push_bytes: int
+        idle_timeout: float
+        request_timeout: float
+        cache: bool
+        cache_dir: Optional[str]
+        cache_max_bytes: int
+        cache_reserve_bytes: int
+        wide_depth1: bool
+        depth1_window: int
+        prewarm: str
+        prewarm_demand: float
+        cold_per_repo: int
+        cold_per_server: int
+        queue: int
+        queue_wait: float
+        retry_after: int
+        builds_per_server: int
+        version_packs: str
+        build_wait: float
+        compact_quiet: float
 
     def __repr__(self) -> str:
         return "Settings(" + ", ".join(f"{a}={getattr(self, a)!r}" for a in self.__slots__) + ")"

@@ -2,8 +2,9 @@
 (layers point down; wire formats, the planner and values start no process
 and open no database; SQL only under refstore/), no import cycle exists
 among aspen_cgi's modules, counting the imports made inside functions,
-ruff finds nothing (pyproject.toml's rules), and mypy --strict finds nothing
-in model/, protocol/ and planner/."""
+ruff finds nothing (pyproject.toml's rules), mypy --strict finds nothing
+in model/, protocol/ and planner/, and mypy (its default mode) nothing in the
+whole package."""
 
 from __future__ import annotations
 
@@ -191,3 +192,12 @@ def test_mypy_strict_finds_nothing_in_the_values_the_wire_formats_and_the_planne
                          text=True, timeout=600)
     assert "No module named mypy" not in res.stderr, "mypy is a test dependency (setup.cfg [test])"
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_mypy_finds_nothing_in_the_whole_package():
+    """mypy in its default mode (unannotated bodies unchecked) over every module
+    of aspen_cgi: what crosses a module's door is typed, and the types agree."""
+    res = subprocess.run([sys.executable, "-m", "mypy", "--ignore-missing-imports", "--no-incremental", "aspen_cgi"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert "No module named mypy" not in res.stderr, "mypy is a test dependency (setup.cfg [test])"
+    assert res.returncode == 0, "mypy aspen_cgi found errors:\n" + res.stdout + res.stderr

@@ -344,6 +344,7 @@ class Follower:
 
     def _from_spill(self, offset: int) -> bytes:
         p = self.progress
+        assert p is not None and p.spill_at is not None     # the caller's condition
         with p.cond:
             at = p.spill_at
             for piece in p.spill:
@@ -403,7 +404,7 @@ def open_complete(directory: str, name: str) -> Optional[EntryFile]:
         ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
                  header and (header.crc, header.created, header.depth1))
         ok = header is not None and header.outcome == KEPT and st.st_size == HEADER_SIZE + header.length
-        if ok:
+        if ok and header is not None:
             with _verified_lock:
                 known = _verified.get(ident)
             if not known:
@@ -418,6 +419,7 @@ def open_complete(directory: str, name: str) -> Optional[EntryFile]:
             remove_if_same(path, st.st_ino)
             return None
         f.seek(HEADER_SIZE)
+        assert header is not None                   # ok
         return EntryFile(f, header.length, path, header.depth1, header.kind, st.st_ino, header.created)
     except OSError:
         f.close()

@@ -31,7 +31,7 @@ def _open_quietly(path: str) -> int:
 def entries(directory: str) -> list[EntryInfo]:
     """Every complete entry: its repository (from the name), ref-store
     version (from the header), size and last use."""
-    out = []
+    out: list[EntryInfo] = []
     try:
         it = os.scandir(directory)
     except OSError:

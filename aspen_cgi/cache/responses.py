@@ -121,7 +121,7 @@ class Judge:
 
 
 def answer(s: Settings, key: CacheKey, compute: Compute, log: list,
-           interim: Optional[Callable[[], None]] = None, judge: Optional[Judge] = None) -> Answer:
+           interim: Optional[Callable[[], object]] = None, judge: Optional[Judge] = None) -> Answer:
     try:
         make_dir(s)
     except FileNotFoundError:
@@ -189,7 +189,7 @@ def replay_effects(s: Settings, hit: EntryFile) -> list[tuple[str, str, str]]:
     return [("append", os.path.join(s.directory, stats.LOG), f"hit {int(hit.length)}\n"), ("atime", hit.path, "")]
 
 
-def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], None]] = None,
+def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], object]] = None,
               judge: Optional[Judge] = None) -> Optional[Answer]:
     """NAME's complete entry as an answer marked MARK, counted and touched; or
     None. An entry still interim calls INTERIM. A `git-unbuilt` entry whose
@@ -212,7 +212,7 @@ def _complete(s: Settings, name: str, mark: str, interim: Optional[Callable[[], 
     return Answer(mark, hit)
 
 
-def _call(interim: Callable[[], None]) -> None:
+def _call(interim: Callable[[], object]) -> None:
     try:
         interim()
     except Exception:   # noqa: BLE001  (background work that would make later answers better: never an error)
@@ -252,7 +252,9 @@ def _followed(s: Settings, follower: Follower, mark: str, compute: Compute, log:
             return
         if error is not None and getattr(error, "status", None):
             raise error            # an HTTP answer (503 past the queue bound) the computation gave
-        yield from _uncached(s, compute).body
+        body = _uncached(s, compute).body
+        assert not isinstance(body, EntryFile)      # _uncached(): the computed answer as it comes
+        yield from body
         return
     finally:
         follower.close()
@@ -260,7 +262,7 @@ def _followed(s: Settings, follower: Follower, mark: str, compute: Compute, log:
 
 
 def _produce(s: Settings, producer: Producer, compute: Compute,
-             interim: Optional[Callable[[], None]] = None, judge: Optional[Judge] = None) -> None:
+             interim: Optional[Callable[[], object]] = None, judge: Optional[Judge] = None) -> None:
     body = None
     published = False
     try:

@@ -91,6 +91,7 @@ def cmd_replica(args: argparse.Namespace) -> int:
         if not root or not s.cluster:
             print("aspen replica sync --all: set GIT_PROJECT_ROOT and ASPEN_CLUSTER", file=sys.stderr)
             return 2
+        assert s.refstore_url is not None       # replica_mode(s) above
         try:
             known = registry.database_stores(s.refstore_url)
         except (refstore.db.Error, refstore.db.Busy) as e:      # type: ignore[misc]

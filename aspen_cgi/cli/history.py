@@ -231,7 +231,7 @@ def _rewind(args: argparse.Namespace, store, kind: str, make, through: int, push
         return 0
     print(f"version {done.version}: {kind} ({push_id}), {len(done.changes)} ref(s), {ms:.0f} ms")
     for c in done.changes:
-        print(f"    {c.old[:12]}..{c.new[:12]}  {c.ref}")
+        print(f"    {(c.old or '')[:12]}..{c.new[:12]}  {c.ref}")
     if done.reinjected:
         print(f"    objects put back from the packs of versions {', '.join(map(str, done.reinjected))}")
     return 0

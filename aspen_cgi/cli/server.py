@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 from .. import settings as aspen_settings
 from .history import depth1_entries
@@ -82,7 +83,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
                      "max_bytes": settings.max_bytes, "depth1_wide": c.counts["depth1_wide"],
                      "depth1_kept": c.counts["depth1_kept"], "depth1_entries": depth1_entries(items)})
     g = admission.gauges(admission.capacity(aspen_settings.of(os.environ)))
-    server = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
+    server: dict[str, Any] = {"cold_running": g.running, "queue_depth": g.queued, "builds_running": g.builds}
     values = None
     if args.server:
         from ..http import metricspage  # startup

@@ -109,6 +109,7 @@ def _write_pack(ctx, store, version: int, values: list[str], whole: bool, out) -
     out.flush()
     proc = gitexec.start(["pack-objects", "--stdout", "--revs", "--delta-base-offset", "-q"], cwd=ctx.gitdir,
                          env=ctx.env, stdout=out, stderr=None)
+    assert proc.stdin is not None                       # a PIPE (gitexec.start's own)
     try:
         proc.stdin.write("".join(f"{v}\n" for v in values).encode())
         proc.stdin.close()

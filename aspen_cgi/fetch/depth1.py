@@ -44,11 +44,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Generator, Iterable, Mapping, Optional
 
 from .. import settings as aspen_settings
 from ..cache import entries, evict, stats
 from ..cache.entries import DEPTH1_STOCK, DEPTH1_WIDE, SUFFIX, Replacement
+
+if TYPE_CHECKING:
+    from ..cache import responses
 
 NO_CLIENT_ENV = "ASPEN_NO_CLIENT"      # set by pre-warm: nobody waits for this answer (settings.INTERNAL)
 NICE = 10
@@ -66,7 +69,7 @@ class Job:
     """One entry's wide answer to build: where the entry is (SETTINGS, NAME,
     ref-store VERSION) and what computes it (the request DATA, run by git in
     GITDIR with ENV)."""
-    settings: object            # responses.Settings
+    settings: responses.Settings
     name: str
     version: int
     gitdir: str
@@ -89,7 +92,7 @@ def wide_answer(job: Job) -> Iterable[bytes]:
     from . import packobjectshook as packhook  # startup
     hooked = packhook.upload_pack_config(object_format=RepoConfig.load(job.gitdir, job.env).object_format)
     return gitexec.git_stream([*hooked, "upload-pack", "--stateless-rpc", "."],
-                              cwd=job.gitdir, env=dict(job.env), input=job.data)
+                              cwd=job.gitdir, env=gitexec.child_env(job.env), input=job.data)
 
 
 # -- locks ------------------------------------------------------------------------------------------
@@ -140,7 +143,7 @@ def _room(settings) -> bool:
 # -- the build --------------------------------------------------------------------------------------
 
 def build(job: Job, wait: bool = False, compute: Callable[[Job], Iterable[bytes]] = wide_answer,
-          log: Optional[Callable[[str], None]] = None, guard=None) -> Iterator[bytes]:
+          log: Optional[Callable[[str], object]] = None, guard=None) -> Generator[bytes, None, None]:
     """Compute JOB's wide answer and put it in place of git's (or as the
     entry, when there is none yet), yielding its bytes as they come. Returns
     at once (nothing yielded) when another build of the entry runs (WAIT:

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Collection, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Optional, Sequence
 
 from ..model.versions import AncestryAnswer, CloneView, PackInfo, TipAnswer, Visits
 from ..refstore.store import RefStore
 from ..runtime.memo import put_bounded
 
-SHARED: dict[tuple, object] = {}      # (store identity, "pack"|"values", version) -> answer
+if TYPE_CHECKING:
+    from ..packs.packfile import PackIndex
+
+SHARED: dict[tuple, Any] = {}         # (store identity, "pack"|"values", version) -> answer
 SHARED_MAX = 100_000
 SETTLED_MAX = 10_000                  # answers of one kind kept per store by a process
 SETTLED_STORES = 16
@@ -83,7 +86,7 @@ def here(store: RefStore, name: str) -> bool:
     return False
 
 
-def _share_built(store: RefStore, identity: tuple[str, float], lo: int, hi: int) -> None:
+def _share_built(store: RefStore, identity: tuple[str, float, str], lo: int, hi: int) -> None:
     """The pack, values and introduced commits of versions LO … HI, just
     settled, in one read: the next plans read most of them (the pushes a
     lagging client lacks), one version and three queries at a time."""
@@ -105,7 +108,7 @@ class _Settled:
     after fetch. A process's first look at a store reads the answers about
     its latest WARM_VERSIONS pushes at once, as later settling does."""
 
-    _all: dict[tuple[str, float], "_Settled"] = {}
+    _all: dict[tuple[str, float, str], "_Settled"] = {}
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -119,7 +122,7 @@ class _Settled:
         self.lock = threading.Lock()
 
     @classmethod
-    def of(cls, store: RefStore) -> tuple["_Settled", tuple[str, float], int]:
+    def of(cls, store: RefStore) -> tuple["_Settled", tuple[str, float, str], int]:
         """The store's settled answers brought up to its latest settled
         version; the store's identity; that version."""
         identity, through = store.settled()
@@ -133,7 +136,7 @@ class _Settled:
             got.advance(store, through, identity)
         return got, identity, through
 
-    def advance(self, store: RefStore, through: int, identity: tuple[str, float]) -> None:
+    def advance(self, store: RefStore, through: int, identity: tuple[str, float, str]) -> None:
         with self.lock:
             if through == self.through:
                 return
@@ -180,14 +183,14 @@ class StoreHistory:
 
     def __init__(self, store: RefStore):
         self.store = store
-        self._identity: Optional[tuple[str, float]] = None
+        self._identity: Optional[tuple[str, float, str]] = None
         self._settled: Optional[_Settled] = None
         self._through = 0
         self._tips: dict[str, TipAnswer] = {}
-        self.indexes: dict[str, object] = {}      # pack name -> PackIndex
+        self.indexes: dict[str, PackIndex] = {}   # pack name -> PackIndex
         self._rewinds: dict[tuple[str, int], Optional[tuple[int, Optional[str]]]] = {}
         self._introduced: dict[str, tuple[int, ...]] = {}
-        self._packs: dict[int, Optional[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {}
+        self._packs: dict[int, Optional[PackInfo]] = {}
 
     def settled(self) -> _Settled:
         if self._settled is None:
@@ -281,7 +284,7 @@ class StoreHistory:
         self._ask(mine, self.settled().times, commits, read)
         return {c: t for c, t in mine.items() if t is not None}
 
-    def identity(self) -> tuple[str, float]:
+    def identity(self) -> tuple[str, float, str]:
         self.settled()
         assert self._identity is not None
         return self._identity

@@ -146,7 +146,7 @@ def _subset(gitdir: str, env: Mapping[str, str], packs_dir: str, names: Sequence
                     e = pack.entry(oid)
                     if e.type == OBJ_OFS_DELTA and not at:
                         at = {index.offset(i): index.oid(i) for i in range(index.count)}
-                    base = at.get(e.base_offset) if e.type == OBJ_OFS_DELTA else \
+                    base = at.get(e.base_offset) if e.type == OBJ_OFS_DELTA and e.base_offset is not None else \
                         e.base_oid if e.type == OBJ_REF_DELTA else None
                     if base is not None and base in held and base not in listed:
                         bases.add(base)
@@ -304,6 +304,7 @@ class _Commits:
 
     def read(self, oid: str) -> Optional[tuple[int, list[str]]]:
         """OID's committer time and parents; None when it is no commit here."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None     # PIPEs (gitexec.start's own)
         try:
             self.proc.stdin.write(oid.encode() + b"\n")
             self.proc.stdin.flush()
@@ -324,6 +325,7 @@ class _Commits:
         return when, parents
 
     def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None     # PIPEs (gitexec.start's own)
         try:
             self.proc.stdin.close()         # cat-file ends at the end of its input
         except OSError:

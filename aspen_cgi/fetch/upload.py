@@ -25,7 +25,7 @@ import hashlib
 import itertools
 import time
 from dataclasses import dataclass, replace
-from typing import Iterable, Iterator, Mapping, Optional, Union
+from typing import Generator, Iterable, Iterator, Mapping, Optional, Union
 
 from ..git import gitexec
 from ..git.reader import object_info, shallow_roots
@@ -447,7 +447,7 @@ def _import_final(ctx) -> bool:
     return store is None or background.import_final(store)
 
 
-def _prewarmed(ctx, built: Iterator[bytes], otherwise) -> Iterator[bytes]:
+def _prewarmed(ctx, built: Generator[bytes, None, None], otherwise) -> Iterator[bytes]:
     """Pre-warm's answer: the wide one as it is built; when another build had
     it (nothing came), the answer a client would get now (a hit)."""
     sent = 0
@@ -538,6 +538,7 @@ def _planned(ctx, req: FetchRequest) -> Union[Iterator[bytes], GitAnswers]:
         why = "no-store" if store is None else None if _built(ctx, store) else "not-built"
     if why is not None:
         return _fallback(ctx, why)
+    assert store is not None                    # why would be "no-store"
     from ..planner.plan import Fallback  # startup
     from .history import PinnedHistory, StoreHistory  # startup
     history = StoreHistory(store) if ctx.pinned is None else PinnedHistory(store, ctx.pinned)
@@ -697,6 +698,7 @@ def _stock_ends(ctx, req: FetchRequest, history, tags: Mapping[str, str]) -> boo
     commits was sent 10 trunk pushes again, 3.69x stock's bytes)."""
     from . import plancheck  # startup
     t0 = time.perf_counter()
+    ready: Optional[bool]
     ready = plancheck.may_be_ready(history, req.wants, req.haves, tags)
     by = "store"
     if ready:

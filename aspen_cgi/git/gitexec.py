@@ -165,8 +165,9 @@ class Stream:
     def __iter__(self) -> Iterator[bytes]:
         try:
             out = self.proc.stdout
+            assert out is not None                      # a PIPE
             while True:
-                chunk = out.read1(CHUNK)
+                chunk = out.read1(CHUNK)    # type: ignore[attr-defined]  # a BufferedReader; IO[bytes] has no read1
                 if not chunk:
                     break
                 yield chunk
@@ -334,7 +335,7 @@ def read_idle(stream: IO[bytes], idle: float) -> Iterator[Optional[bytes]]:
     def pump() -> None:
         try:
             while True:
-                chunk = stream.read1(CHUNK)
+                chunk = stream.read1(CHUNK)     # type: ignore[attr-defined]  # a pipe's BufferedReader
                 if not chunk:
                     break
                 q.put(chunk)

@@ -47,10 +47,11 @@ class Hooks:
         if more_env is not None:
             env = {**env, **more_env()}
         try:
-            proc = gitexec.hook(path, list(args), cwd=self.gitdir, env=env, input=input)
+            proc = gitexec.hook(path, list(args), cwd=self.gitdir, env=gitexec.child_env(env), input=input)
         except OSError as e:
             self.log.append(f"error: cannot run {name}: {e}\n")
             return 1
+        assert proc.stdout is not None                  # a PIPE (gitexec.hook)
         try:
             yield from gitexec.read_idle(proc.stdout, idle)
             return proc.wait()

@@ -37,6 +37,9 @@ def read_refs(gitdir: str, env: Optional[Mapping[str, str]] = None, namespace: O
     cenv = gitexec.child_env(env, GIT_DIR=".")
     typed = gitexec.git(["for-each-ref", f"--format={_TYPED}", prefix or "refs/"], cwd=gitdir, env=cenv)
     known: dict[str, tuple[str, Optional[str]]] = {}
+    listed: list[tuple[str, ...]]
+    symref: Optional[str]                   # a listed ref's (a string), then a row's
+    target: Optional[str]
     if typed.returncode == 0:
         listed = []
         for line in typed.stdout.decode("utf-8", "surrogateescape").splitlines():

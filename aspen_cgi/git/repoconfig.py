@@ -20,7 +20,7 @@ _RACY_NS = 100_000_000
 _cache: dict[tuple, tuple[tuple, "RepoConfig"]] = {}
 
 def _stamp(files: list[str]) -> tuple:
-    out = []
+    out: list[Optional[tuple[int, int, int, int]]] = []
     for f in files:
         try:
             st = os.stat(f)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Optional
 
 from .. import settings
+from ..git.gitexec import GitEnv
 from ..git.repoconfig import ConfigError, RepoConfig
 from ..model import refs as refs_mod
 from ..model.pin import Pin, split_url
@@ -126,7 +127,7 @@ class _Call:
     seen: dict
     repo: paths.Repo
     config: RepoConfig
-    cenv: dict[str, str]
+    cenv: GitEnv
     namespace: Optional[str]
     arg: str                # the matched text without its leading '/'
     route: routes.Route
@@ -366,13 +367,13 @@ def _handle(req: Request, seen: dict) -> Response:
 
 def _advertise(svc: str, ctx: ServiceContext, prefix) -> Response:
     if svc == "upload-pack":
-        from ..fetch import upload as service  # startup: a CGI request loads the one service it serves
+        from ..fetch.upload import advertise  # startup: a CGI request loads the one service it serves
     else:
-        from ..push import receive as service  # startup
+        from ..push.receive import advertise  # startup
     head = b""
     if ctx.protocol_version != 2:
         head = pktline.encode(f"# service=git-{svc}\n") + pktline.FLUSH
-    body = head + b"".join(service.advertise(ctx))
+    body = head + b"".join(advertise(ctx))
     hdrs = prefix + [("Content-Type", f"application/x-git-{svc}-advertisement")]
     return Response(200, "OK", hdrs, [body], ctx.log, ctx.trace)
 
@@ -385,22 +386,22 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
     limits = req.limits or Limits.from_env(req.env)
     body_obj: Optional[Body] = None
     if svc == "upload-pack":
-        from ..fetch import upload as service  # startup
+        from ..fetch import upload  # startup
         data = read_upload_request(req.input, length, gzip, max_buffer, limits)
         if not data:
             # stock's upload-pack dies on an empty request (t5562); Aspen says so with a status
             raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
-        stream = service.serve(ctx, data)
+        stream = upload.serve(ctx, data)
     else:
         from ..fetch import prewarm  # startup
-        from ..push import receive as service  # startup
+        from ..push import receive  # startup
         ctx.after_push = (prewarm.kick,)           # a push's new version warms the cache for depth-1 clones
         if limits.max_push_bytes and length is not None and length > limits.max_push_bytes:
             raise HttpError(413, "Payload Too Large",
                             f"fatal: push of {length} bytes is larger than the server's limit of "
                             f"{limits.max_push_bytes} bytes (ASPEN_MAX_PUSH_BYTES)")
         body_obj = Body(req.input, length, gzip, limits)
-        stream = service.serve(ctx, body_obj)
+        stream = receive.serve(ctx, body_obj)
     hdrs = H.nocache() + [("Content-Type", f"application/x-git-{svc}-result")]
     if isinstance(stream, FileBody):
         return Response(200, "OK", hdrs, stream, ctx.log, ctx.trace)     # a cached answer: sent as a file
@@ -450,6 +451,7 @@ class _primed:
             self.body.discard(max(DISCARD_MIN, 4 * self.body.limits.max_push_bytes))
 
     def _drain(self) -> None:
+        assert self.body is not None                # the caller's condition
         try:
             while self.body.read(65536):
                 pass

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import io
 import zlib
-from typing import IO, Optional
+from typing import TYPE_CHECKING, Optional
 
 from ..model.gitvalues import ConfigError, parse_size
 from .limits import INFLATE_FREE, UNLIMITED, Limits
+
+if TYPE_CHECKING:
+    from .message import Readable
 
 DEFAULT_MAX_BUFFER = 10 * 1024 * 1024
 CHUNK = 65536
@@ -91,7 +94,7 @@ class Body:
     and held to LIMITS (ASPEN_MAX_PUSH_BYTES on the raw and inflated bytes, the
     idle and wall-clock timeouts)."""
 
-    def __init__(self, stream: IO[bytes], length: Optional[int], gzip: bool, limits: Limits = UNLIMITED):
+    def __init__(self, stream: Readable, length: Optional[int], gzip: bool, limits: Limits = UNLIMITED):
         self.stream = stream
         self.length = length
         self.remaining = length
@@ -170,6 +173,7 @@ class Body:
         return out
 
     def _check_inflated(self) -> None:
+        assert self._inflate is not None            # called as it inflates
         self.inflated += len(self._pending)
         if self.limits.max_push_bytes and self.inflated > self.limits.max_push_bytes:
             raise self._too_large("inflated push")
@@ -213,7 +217,7 @@ class Body:
                                  "try setting GIT_HTTP_MAX_REQUEST_BUFFER")
 
 
-def read_upload_request(stream: IO[bytes], length: Optional[int], gzip: bool, max_buffer: int,
+def read_upload_request(stream: Readable, length: Optional[int], gzip: bool, max_buffer: int,
                         limits: Limits = UNLIMITED) -> bytes:
     """Buffer an upload-pack request in full, as stock does, with its limits
     (and LIMITS' timeouts; ASPEN_MAX_PUSH_BYTES is for pushes)."""

@@ -25,7 +25,7 @@ def head_body(snap: RefSnapshot) -> bytes:
         target, index, seen = head.symref_target, snap.by_name(), set()
         while target in index and index[target].symref_target and target not in seen:
             seen.add(target)
-            target = index[target].symref_target
+            target = index[target].symref_target or target
         return f"ref: {target}\n".encode("utf-8", "surrogateescape")
     return f"{head.oid}\n".encode()
 

@@ -4,7 +4,7 @@ WSGI adapter and the backend."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, Protocol
 
 from ..model.trace import Trace
 
@@ -12,10 +12,15 @@ if TYPE_CHECKING:
     from .limits import Limits
 
 
+class Readable(Protocol):
+    """What a request body is read through (WSGI's wsgi.input, aspen-cgi's pipe, a file)."""
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
 @dataclass
 class Request:
     env: Mapping[str, str]      # CGI meta-variables and server settings, as stock sees its environment
-    input: IO[bytes]            # the request body as sent; readers stop at Content-Length or EOF
+    input: Readable             # the request body as sent; readers stop at Content-Length or EOF
     content_length: Optional[int] = None  # None: read to EOF (chunked)
     limits: Optional["Limits"] = None     # the adapter's request limits (http/limits.py); None: from env
 

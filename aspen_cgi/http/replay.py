@@ -399,7 +399,7 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
     ref = "\0".join(str(v) for v in file) if file else ""
     effects = "\0".join(w for e in trace.get("replay_effects", ()) for w in e)
     parts = [p.encode("utf-8", "surrogateescape") for p in (fields, ref, effects)]
-    parts = (key, stats, parts[0], head, answer, parts[1], parts[2])
+    parts = [key, stats, parts[0], head, answer, parts[1], parts[2]]
     data = MAGIC + " ".join(str(len(p)) for p in parts).encode() + b"\n" + b"".join(parts)
     tmp = _join(directory, f".{_slot(key)}.{posix.getpid()}")
     try:

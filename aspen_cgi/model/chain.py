@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 START_PREV = "0" * 64
 FORMAT = "aspen-chain-v1"
@@ -54,7 +54,8 @@ def digest(canonical: str) -> str:
     return hashlib.sha256(canonical.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def first_break(links: Iterable[Link], recomputed: Optional[dict[int, str]] = None) -> Optional[tuple[int, str]]:
+def first_break(links: Iterable[Link], recomputed: Optional[Mapping[int, Optional[str]]] = None
+                ) -> Optional[tuple[int, str]]:
     """The first link that does not hold, as (version, why), or None. Each
     link's hash must be the digest of its text, its text must name its prev,
     and its prev must be the hash before it (START_PREV at a start, which

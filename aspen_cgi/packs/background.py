@@ -63,7 +63,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import settings
 from ..git import gitexec
@@ -74,6 +74,9 @@ from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon
 from ..runtime.repoguard import identity as _ident
 from ..runtime.repository import Repository
 from ..runtime.statedir import state_dir
+
+if TYPE_CHECKING:
+    from ..runtime.admission import Slot
 
 LOCK = ".build.lock"              # the version-pack builder's
 SEGMENT_LOCK = ".segments.lock"   # the segment-pack builder's
@@ -227,7 +230,7 @@ class BuildWait:
     waited: float = 0.0
 
 
-def await_built(store, later: Optional[list[Callable[[], None]]] = None) -> BuildWait:
+def await_built(store, later: Optional[list[Callable[[], object]]] = None) -> BuildWait:
     """Whether every version has its pack. A fetch never waits for work that
     only makes later answers smaller: when versions lack their packs, it
     waits (up to ASPEN_BUILD_WAIT_MS, default 50 ms) only when each of them
@@ -319,7 +322,7 @@ class _BuildSlot:
         self.settings = s
         self.guard = guard
         self.on_wait = on_wait
-        self.slot = None
+        self.slot: Optional[Slot] = None
 
     def take(self) -> None:
         if self.slot is None:

@@ -91,7 +91,7 @@ def encode_type_size(type_code: int, size: int) -> bytes:
     return bytes(out)
 
 
-def decode_type_size(buf: Sequence[int], pos: int) -> tuple[int, int, int]:
+def decode_type_size(buf: Union[Sequence[int], mmap.mmap], pos: int) -> tuple[int, int, int]:
     """Parse the type-and-size varint at `pos`: (type, size, position after)."""
     try:
         c = buf[pos]
@@ -125,7 +125,7 @@ def encode_ofs_distance(distance: int) -> bytes:
     return bytes(out)
 
 
-def decode_ofs_distance(buf: Sequence[int], pos: int) -> tuple[int, int]:
+def decode_ofs_distance(buf: Union[Sequence[int], mmap.mmap], pos: int) -> tuple[int, int]:
     """Parse an OFS_DELTA distance at `pos`: (distance, position after)."""
     try:
         c = buf[pos]
@@ -171,7 +171,7 @@ class EntryHeader:
     base_oid: Optional[bytes] = None    # REF_DELTA: the base's object id
 
 
-def read_entry_header(buf: Sequence[int], offset: int, oid_len: int = OID_LEN) -> EntryHeader:
+def read_entry_header(buf: Union[Sequence[int], mmap.mmap], offset: int, oid_len: int = OID_LEN) -> EntryHeader:
     """Parse the pack entry header at `offset` of a whole pack `buf` whose ids are OID_LEN bytes."""
     type_code, size, pos = decode_type_size(buf, offset)
     if type_code in (OBJ_COMMIT, OBJ_TREE, OBJ_BLOB, OBJ_TAG):

@@ -56,7 +56,7 @@ class Listing:
                 objects[oid.decode()] = path.decode("utf-8", "surrogateescape")
                 continue
             ids = rest.split(b" ")
-            when = None
+            when = b""
             if kind == b"c ":
                 when, ids = ids[0], ids[1:]
                 if not _TIME.match(when):

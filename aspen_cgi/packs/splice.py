@@ -41,6 +41,7 @@ dropped tail and the rest is copied verbatim.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, Union
@@ -107,7 +108,7 @@ class SpliceResult:
     ofs_to_ref: int         # ...of which OFS_DELTA turned REF_DELTA (base dropped)
     verbatim_extents: int   # extents copied without parsing a single entry header
     headers_parsed: int     # entry headers read (only after an extent's first drop)
-    checksum: bytes         # the trailer: the hash (the packs' own) of everything before it
+    checksum: builtins.bytes    # the trailer: the hash (the packs' own) of everything before it
 
 
 class SplicePlan:
@@ -163,8 +164,8 @@ class SplicePlan:
             if ext.thin and n + 1 < len(extents):
                 own = set(oids)
                 assumed.update(e.base_oid for e in pack.entries()
-                               if e.type == OBJ_REF_DELTA and e.base_oid not in own and e.base_oid not in seen
-                               and e.oid not in drop)
+                               if e.type == OBJ_REF_DELTA and e.base_oid is not None and e.base_oid not in own
+                               and e.base_oid not in seen and e.oid not in drop)
             dups = seen.intersection(oids) if seen else set()
             if assumed:
                 dups |= assumed.intersection(oids)

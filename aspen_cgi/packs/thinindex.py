@@ -95,6 +95,7 @@ def index_thin(data: bytes, bases: BaseReader, oid_len: int = 20) -> ThinIndex:
             elif base_oid in by_id:
                 offset = by_id[base_oid]
             else:
+                assert base_oid is not None          # neither a whole object nor an OFS_DELTA: a REF_DELTA
                 inside = [o for o in order if o not in resolved and raw[o][0] in _NAMES]
                 for o in inside:                 # the base may be a whole entry not reached yet
                     resolve(o)

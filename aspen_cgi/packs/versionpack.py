@@ -24,7 +24,7 @@ import socket
 import stat
 import tempfile
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Optional, Sequence
+from typing import Any, Collection, Mapping, Optional, Sequence
 
 from ..git import gitexec
 from ..runtime.memo import put_bounded
@@ -239,7 +239,7 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
     and index-pack 10 ms. LISTED: the objects other than commits with their
     paths, as the push's connectivity walk listed them (boundary_listed):
     then the trees are not read here."""
-    introduced, boundary = boundary.introduced, boundary.commits
+    introduced, commits = boundary.introduced, boundary.commits
     guard = guard or _Unguarded()
     from . import thinindex  # startup
     from .packfile import PackError  # startup
@@ -250,8 +250,9 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
             data = f.read()
     except OSError:
         return None
+    paths: Optional[dict[str, Optional[str]]]
     if listed is not None:
-        paths: Optional[dict[str, Optional[str]]] = dict.fromkeys(introduced)
+        paths = dict.fromkeys(introduced)
         paths.update(listed)
     else:
         paths = objects.introduced_objects(introduced, tips)
@@ -271,7 +272,7 @@ def adopt(tips: Sequence[str], boundary: Boundary, sent: str, outdir: str, objec
     for base, targets in index.thin_bases.items():
         for target in targets:
             path = paths[target.hex()]
-            if path is None or not any(objects.at_path(b, path) == base for b in boundary):
+            if path is None or not any(objects.at_path(b, path) == base for b in commits):
                 return None
     if not os.path.isdir(outdir):
         guard.mkdir(outdir)
@@ -293,7 +294,7 @@ class RepoObjects:
     repository and process (the KEEP latest), and opened again when
     objects/pack changes (gc)."""
 
-    _open: dict[str, tuple[float, object, dict]] = {}
+    _open: dict[str, tuple[float, Any, dict]] = {}     # (stamp, dulwich's DiskObjectStore, parsed)
     KEEP = 16             # repositories whose stores stay open
     PARSED = 4096         # commits and trees kept parsed per repository (the next push's boundary)
 
@@ -314,7 +315,7 @@ class RepoObjects:
             while len(RepoObjects._open) >= RepoObjects.KEEP:
                 RepoObjects._open.pop(next(iter(RepoObjects._open)), None)
             known = RepoObjects._open[objects] = (stamp, DiskObjectStore(objects, object_format=SHA256 if self.oid_len == 32 else SHA1), {})
-        self.store = known[1]
+        self.store: Any = known[1]          # dulwich takes its hex ids as its ObjectID (bytes)
         self.parsed: dict[bytes, object] = known[2]      # hex id -> dulwich Commit or Tree
 
     @staticmethod

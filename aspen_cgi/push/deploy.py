@@ -16,7 +16,7 @@ EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
 def update_worktree(hooks: Hooks, base_env: Mapping[str, str], new: str, wt: Worktree, log: list) -> Optional[str]:
     """None when the worktree now matches NEW, else stock's ng reason."""
-    env = dict(base_env)
+    env = gitexec.child_env(base_env)
     env["GIT_DIR"] = os.path.abspath(wt.gitdir)
     if hooks.find("push-to-checkout"):
         env["GIT_WORK_TREE"] = os.path.abspath(wt.path)

@@ -374,6 +374,7 @@ class Push:
         unless receive.shallowUpdate, else the later children see the
         temporary shallow file."""
         sp = self.shallow
+        assert sp is not None                   # the caller's condition
         shallowpush.assign(sp, self._qenv(), {s.index: s.cmd.new for s in states if not s.cmd.is_delete})
         if not sp.active:
             return
@@ -421,7 +422,7 @@ class Push:
         self.clock.lap("migrate")
         self.states = states
         # new commits are known to exist and to be commits; anything else is asked of git once
-        self.info = {c: ("commit", None) for c in self.new_commits}
+        self.info: dict[str, tuple[str, Optional[str]]] = {c: ("commit", None) for c in self.new_commits}
         self.worktrees = pol.checked_out(self.gitdir, pol.is_bare(self.ctx.config), self.ctx.config)
         self.head_name = pol.head_name(self.gitdir)
         if any(s.proc for s in states):
@@ -692,6 +693,7 @@ class Push:
             yield m.error(f"hook declined to update {name}")
             return "hook declined"
         if update_worktree:
+            assert worktree is not None                 # update_worktree is set only with one
             err = deploy.update_worktree(self.hooks, self.env, c.new, worktree, self.ctx.log)
             if err:
                 return err
@@ -707,6 +709,7 @@ class Push:
             upd.append(RefChange(full, old, ZERO))
         else:
             if self._shallow_checked_later(s):
+                assert self.shallow is not None         # _shallow_checked_later() said so
                 res = shallowpush.add_roots(self.shallow, self.env, s.index, c.new)
                 if res.log:
                     self.ctx.log.append(res.log)

@@ -54,7 +54,7 @@ class Quarantine:
         os.chmod(self.path, 0o755)
         os.makedirs(os.path.join(self.path, "pack"), exist_ok=True)
 
-    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+    def env(self, base: Mapping[str, str]) -> gitexec.GitEnv:
         """tmp_objdir_env(): the quarantine as object directory, the real one as alternate."""
         alts = self.objects
         if base.get("GIT_ALTERNATE_OBJECT_DIRECTORIES"):
@@ -96,7 +96,7 @@ def sweep_stale(objects: str) -> list[str]:
     (named for their owner; stock's unnamed ones are left alone) and the
     .keep files that guarded their migrated packs (`receive-pack PID on HOST`).
     The paths removed."""
-    gone = []
+    gone: list[str] = []
     try:
         names = os.listdir(objects)
     except OSError:
@@ -198,6 +198,7 @@ def unpack(q: Quarantine, gitdir: str, env: Mapping[str, str], header: PackHeade
     every KEEPALIVE seconds of silence (stock's keepalive after end of input)."""
     proc = gitexec.start(intake_args(header, opts), cwd=gitdir, env=q.env(env),
                          stdin=gitexec.PIPE, stdout=gitexec.PIPE, stderr=gitexec.PIPE)
+    assert proc.stdin is not None and proc.stderr is not None
     errors = gitexec.read_idle(proc.stderr, keepalive)
     outbuf = bytearray()
     drain = threading.Thread(target=_drain, args=(proc.stdout, outbuf), daemon=True)
@@ -301,9 +302,10 @@ def connected(gitdir: str, env: Mapping[str, str], oids: Sequence[str], progress
     if progress:
         args.append("--progress=Checking connectivity")
     if not with_commits:
-        res = gitexec.git(args, cwd=gitdir, env=env, input=stdin.encode())
+        res = gitexec.git(args, cwd=gitdir, env=gitexec.child_env(env), input=stdin.encode())
         return ConnectivityResult(res.ok, res.stderr)
-    proc = gitexec.start(args, cwd=gitdir, env=env)
+    proc = gitexec.start(args, cwd=gitdir, env=gitexec.child_env(env))
+    assert proc.stdin is not None and proc.stdout is not None       # PIPEs (gitexec.start's own)
     err = bytearray()
     drain = threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True)
     drain.start()
@@ -373,9 +375,10 @@ def reachable_new(commits: Mapping[str, Sequence[str]], tip: str) -> list[str]:
 
 
 def is_ancestor(gitdir: str, env: Mapping[str, str], old: str, new: str) -> bool:
-    return gitexec.git(["merge-base", "--is-ancestor", old, new], cwd=gitdir, env=env).returncode == 0
+    return gitexec.git(["merge-base", "--is-ancestor", old, new], cwd=gitdir,
+                       env=gitexec.child_env(env)).returncode == 0
 
 
 def ref_exists(gitdir: str, env: Mapping[str, str], ref: str) -> bool:
-    return gitexec.git(["show-ref", "--verify", "--quiet", ref], cwd=gitdir, env=env).returncode == 0
+    return gitexec.git(["show-ref", "--verify", "--quiet", ref], cwd=gitdir, env=gitexec.child_env(env)).returncode == 0
 

@@ -182,10 +182,11 @@ def run(hooks: Hooks, gitdir: str, env: Mapping[str, str], req: Request, idle: f
         return Outcome(False, f"cannot find hook '{HOOK}'",
                        tuple(proto.CommandOutcome(h, False, None) for h in req.handled))
     try:
-        proc = gitexec.hook_conversation(path, cwd=gitdir, env=env)
+        proc = gitexec.hook_conversation(path, cwd=gitdir, env=gitexec.child_env(env))
     except OSError as e:
         return Outcome(False, f"cannot run {HOOK}: {e}",
                        tuple(proto.CommandOutcome(h, False, None) for h in req.handled))
+    assert proc.stderr is not None                      # a PIPE (gitexec.hook_conversation)
     talk = _Conversation(proc, req)
     thread = threading.Thread(target=talk.run, daemon=True)
     thread.start()

@@ -132,7 +132,7 @@ def _peel_commits(gitdir: str, env: Mapping[str, str], oids: Sequence[str]) -> d
     """oid -> the commit it peels to (lookup_commit_reference_gently()), None for none."""
     if not oids:
         return {}
-    res = gitexec.git(["cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=gitdir, env=env,
+    res = gitexec.git(["cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=gitdir, env=gitexec.child_env(env),
                       input="".join(f"{o}^{{commit}}\n" for o in oids).encode())
     lines = res.stdout.decode("utf-8", "replace").splitlines()
     out: dict[str, Optional[str]] = {}
@@ -150,7 +150,7 @@ def _new_history(gitdir: str, env: Mapping[str, str], shallow_file: Optional[str
         return {}
     args = (["--shallow-file", shallow_file] if shallow_file else []) + [
         "rev-list", "--parents", "--stdin", "--not", "--all"]
-    res = gitexec.git(args, cwd=gitdir, env=env, input="".join(s + "\n" for s in starts).encode())
+    res = gitexec.git(args, cwd=gitdir, env=gitexec.child_env(env), input="".join(s + "\n" for s in starts).encode())
     if not res.ok:
         return {}
     graph: dict[str, tuple[str, ...]] = {}

@@ -207,7 +207,7 @@ def _run(argv: list[str], stdin: Optional[bytes], cwd: str, env: Mapping[str, st
          log: list) -> gitexec.Result:
     """pipe_command(): a program that cannot start answers nothing, as in git."""
     try:
-        return gitexec.program(argv, cwd=cwd, env=env, input=stdin)
+        return gitexec.program(argv, cwd=cwd, env=gitexec.child_env(env), input=stdin)
     except OSError as e:
         log.append(f"error: cannot run {argv[0]}: {e.strerror}\n")
         return gitexec.Result(-1, b"", b"")

@@ -112,7 +112,7 @@ class Certificate:
         """The certificate's blob id; with WRITE also stored (a loose object,
         as receive-pack's write_object_file(): outside the quarantine)."""
         args = ["hash-object", "--stdin"] + (["-w"] if write else [])
-        res = gitexec.git(args, cwd=self.gitdir, env=self.env, input=self.text)
+        res = gitexec.git(args, cwd=self.gitdir, env=gitexec.child_env(self.env), input=self.text)
         if not res.ok:
             self.log.append(res.stderr.decode("utf-8", "replace"))
             return None

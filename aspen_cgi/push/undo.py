@@ -43,7 +43,8 @@ class Done:
 
 
 def _change(ref: str, now: Optional[StoredRef], then: Optional[StoredRef]) -> RefChange:
-    return RefChange(ref, now.oid if now is not None else ZERO, then.oid if then is not None else ZERO, False,
+    return RefChange(ref, now.oid if now is not None else ZERO,
+                     then.oid if then is not None and then.oid is not None else ZERO, False,
                      then.otype if then is not None else None, then.peeled if then is not None else None)
 
 
@@ -76,6 +77,7 @@ def restore_changes(store: RefStore, ref: str, version: int) -> list[RefChange]:
     then, now = store.refs_at(version).get(ref), store.refs_now().get(ref)
     if then is None:
         raise Refused(f"{ref} did not exist at version {version}")
+    assert then.oid is not None                 # refs_at(): direct refs, each with its value
     if now is not None and now.oid == then.oid:
         raise Refused(f"{ref} is already at its value of version {version} ({then.oid[:12]})")
     return [_change(ref, now, then)]

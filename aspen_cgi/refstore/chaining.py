@@ -31,6 +31,7 @@ def seal(conn: db.Conn) -> int:
     sealed = 0
     for vid, *_ in db.unchained_done(conn, after):
         body = text_now(conn, vid, prev)
+        assert body is not None                 # a done version unchained_done() just listed
         h = chain.digest(body)
         db.insert_link(conn, vid, prev, h, tail is None and sealed == 0, body)
         prev = h

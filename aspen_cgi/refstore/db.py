@@ -31,7 +31,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Literal, Mapping, Optional, Sequence, TypeVar, Union
 
 from .. import settings
 from ..model.versions import ZERO, PushCert, StoredRef, Update, Version, is_null
@@ -45,7 +45,10 @@ READ_WAIT = 2.0          # a request that only reads refs: then they come from t
 STORE_WAIT = settings.default("ASPEN_STORE_WAIT")   # a push's default patience for a locked store
 
 T = TypeVar("T")
-Conn = sqlite3.Connection       # or a pgconn.PgConn: the same few methods
+if TYPE_CHECKING:
+    Conn = Union["_Connection", pgconn.PgConn]   # the same few methods
+else:
+    Conn = sqlite3.Connection       # or a pgconn.PgConn: the same few methods
 Error = sqlite3.Error           # either engine's (pgconn.StoreError is one)
 
 
@@ -60,7 +63,7 @@ class Busy(Exception):
 
 class _Connection(sqlite3.Connection):
     """A connection that holds the file its writers queue on."""
-    dialect = "sqlite"
+    dialect: Literal["sqlite"] = "sqlite"
     writer_fd: Optional[int] = None
     busy_ms: int = BUSY_MS
 
@@ -247,7 +250,7 @@ def _pg_write_once(conn: pgconn.PgConn, fn: Callable[[Conn], T], deadline: float
     conn.begin("BEGIN", [("SELECT set_config('lock_timeout', ?, true)", (f"{ms}ms",)),
                          ("SELECT pg_advisory_xact_lock(?)", (pg_lock_key(conn.schema),))])
     try:
-        out = fn(conn)        # type: ignore[arg-type]
+        out = fn(conn)
         conn.commit()
         return out
     except UnicodeEncodeError as e:
@@ -258,7 +261,7 @@ def _pg_write_once(conn: pgconn.PgConn, fn: Callable[[Conn], T], deadline: float
         raise
 
 
-def _bound_wait(conn: Conn, deadline: float) -> None:
+def _bound_wait(conn: _Connection, deadline: float) -> None:
     """SQLite's own wait for the lock: BUSY_MS, or what is left of the patience."""
     ms = int(min(BUSY_MS, max(0.0, deadline - time.monotonic()) * 1000))
     if getattr(conn, "busy_ms", BUSY_MS) != ms:
@@ -266,7 +269,7 @@ def _bound_wait(conn: Conn, deadline: float) -> None:
         conn.busy_ms = ms
 
 
-def _write_once(conn: Conn, fn: Callable[[Conn], T], deadline: float) -> T:
+def _write_once(conn: _Connection, fn: Callable[[Conn], T], deadline: float) -> T:
     def run() -> T:
         _bound_wait(conn, deadline)
         conn.execute("BEGIN IMMEDIATE")
@@ -407,10 +410,13 @@ def insert_push_cert(conn: Conn, version: int, cert: PushCert) -> None:
 def push_cert(conn: Conn, version: int) -> Optional[PushCert]:
     row = conn.execute("SELECT blob, signer, key, status, nonce_status, nonce, nonce_slop, cert FROM push_certs "
                        "WHERE version = ?", (version,)).fetchone()
-    return None if row is None else PushCert(*row[:7], bytes(row[7]))
+    return None if row is None else PushCert(row[0], row[1], row[2], row[3], row[4], row[5], row[6], bytes(row[7]))
 
 
-def insert_updates(conn: Conn, version: int, rows: Iterable[tuple[str, str, str, bool, Optional[str], Optional[str]]]) -> None:
+UpdateRow = tuple[str, Optional[str], Optional[str], bool, Optional[str], Optional[str]]   # insert_updates()'s
+
+
+def insert_updates(conn: Conn, version: int, rows: Iterable[UpdateRow]) -> None:
     """ROWS: (ref, old, new, ff, type of new, peeled new). The null id of
     either hash is kept as ZERO (SHA-1's), the one the queries here test."""
     conn.executemany("INSERT INTO updates(version, ref, old, new, ff, type, peeled) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -456,7 +462,7 @@ def commit_times(conn: Conn, commits: Sequence[str]) -> dict[str, int]:
     return {c: t for c, t in rows}
 
 
-def _rows_in(conn: Conn, query: str, keys: Sequence[str]) -> Iterator[tuple]:
+def _rows_in(conn: Conn, query: str, keys: Sequence[Union[str, int]]) -> Iterator[tuple]:
     """QUERY's rows with its `IN (%s)` filled with KEYS, one query per 500 of them."""
     for i in range(0, len(keys), 500):
         part = keys[i:i + 500]
@@ -649,11 +655,11 @@ def ff_flags(conn: Conn, ref: str, versions: Sequence[int],
                                   f" ({','.join('?' * len(part))})", [ref, *part]):
             updates[v] = bool(ff)
     for i in range(0, len(nodes), 250):
-        part = nodes[i:i + 250]
-        pairs = ",".join("(?, ?)" for _ in part)
+        chunk = nodes[i:i + 250]
+        pairs = ",".join("(?, ?)" for _ in chunk)
         for level, idx, ff in conn.execute(f"SELECT level, idx, all_ff FROM segment_refs WHERE ref = ? AND"
                                            f" (level, idx) IN (VALUES {pairs})",
-                                           [ref, *(x for node in part for x in node)]):
+                                           [ref, *(x for node in chunk for x in node)]):
             segs[(level, idx)] = bool(ff)
     return updates, segs
 
@@ -757,7 +763,7 @@ def unbuilt_count(path: str) -> Optional[int]:
 
 def refs_before(conn: Conn, version: int) -> dict[str, str]:
     """S_{v-1}: every ref's value after the done versions before VERSION (one pass over history)."""
-    return {name: r.oid for name, r in _replay(conn, version - 1).items()}
+    return {name: r.oid for name, r in _replay(conn, version - 1).items() if r.oid is not None}   # new: NOT NULL
 
 
 def _replay(conn: Conn, version: int) -> dict[str, StoredRef]:
@@ -839,7 +845,7 @@ def built_records(conn: Conn, lo: int, hi: int) -> dict[int, tuple[str, list[str
     """Each version LO … HI that has its pack -> (pack name, boundary, refs
     updated, values written, commits introduced), each list as the
     one-version queries order it."""
-    out = {v: (name, [], [], [], []) for v, name in
+    out: dict[int, tuple[str, list[str], list[str], list[str], list[str]]] = {v: (name, [], [], [], []) for v, name in
            conn.execute("SELECT version, name FROM version_packs WHERE version BETWEEN ? AND ?", (lo, hi))}
     for v, c in conn.execute("SELECT version, commit_oid FROM boundaries WHERE version BETWEEN ? AND ?"
                              " ORDER BY version, commit_oid", (lo, hi)):

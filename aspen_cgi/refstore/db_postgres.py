@@ -74,12 +74,12 @@ def writable_schema(conn: Conn, repo: str) -> Optional[str]:
     REPO (its schema read again, and kept for this transaction's statements),
     else git's error text. A newer Aspen's store is not written: this one
     may not know what its rows must hold."""
-    if getattr(conn, "dialect", "sqlite") != "postgresql":
+    if conn.dialect != "postgresql":
         return None
-    at = pg_store_schema(conn, repo)    # type: ignore[arg-type]
+    at = pg_store_schema(conn, repo)
     if at is None or not OLDEST_STORE <= at <= SCHEMA_VERSION:
         return f"failed to update ref (the ref log is at schema {at}, this server writes {SCHEMA_VERSION})"
-    conn.store_schema = at      # type: ignore[union-attr]
+    conn.store_schema = at
     return None
 
 

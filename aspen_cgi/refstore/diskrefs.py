@@ -151,6 +151,7 @@ class UpdateRef:
         self.error: Optional[str] = None
 
     def _send(self, data: bytes, expect: bytes) -> bool:
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None   # PIPEs
         try:
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
@@ -163,6 +164,7 @@ class UpdateRef:
         return False
 
     def _fail(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None   # PIPEs
         try:
             self.proc.stdin.close()
         except OSError:
@@ -185,6 +187,7 @@ class UpdateRef:
             else:
                 lines.append(b"update " + ref + b" " + c.new.encode() + (b" " + c.old.encode() if c.old else b"") + b"\n")
         lines.append(b"prepare\n")
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None   # PIPEs
         try:
             self.proc.stdin.write(b"".join(lines))
             self.proc.stdin.flush()
@@ -206,6 +209,7 @@ class UpdateRef:
 
     def close(self) -> None:
         """Abort unless committed: git drops its locks when its input ends."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None and self.proc.stderr is not None   # PIPEs
         if self.proc.poll() is None:
             try:
                 self.proc.stdin.close()

@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import uuid
-from typing import Optional
+from typing import BinaryIO, Optional
 
 TMP_PREFIX = "tmp-"
 _NAME = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?\.pack$")
@@ -39,7 +39,7 @@ class Upload:
     def __init__(self, directory: str):
         self.directory = directory
         self.tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-        self.f: Optional[object] = open(self.tmp, "xb")
+        self.f: Optional[BinaryIO] = open(self.tmp, "xb")
         self.tail = b""
         self.failed = False
 
@@ -47,7 +47,7 @@ class Upload:
         if self.f is None or not chunk:
             return
         try:
-            self.f.write(chunk)       # type: ignore[attr-defined]
+            self.f.write(chunk)
         except OSError:
             self.failed = True
         self.tail = (self.tail + chunk)[-32:]
@@ -57,7 +57,7 @@ class Upload:
         if self.f is None:
             return
         try:
-            self.f.flush()            # type: ignore[attr-defined]
+            self.f.flush()
             with open(self.tmp, "rb") as f:
                 f.seek(max(0, os.path.getsize(self.tmp) - 32))
                 self.tail = f.read()
@@ -72,9 +72,9 @@ class Upload:
             raise PackStoreError("the pack could not be written to the pack store")
         f, self.f = self.f, None
         try:
-            f.flush()                 # type: ignore[attr-defined]
-            os.fsync(f.fileno())      # type: ignore[attr-defined]
-            f.close()                 # type: ignore[attr-defined]
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
             name = self.tail[-hash_len:].hex() + ".pack"
             final = os.path.join(self.directory, name)
             if os.path.exists(final):
@@ -91,7 +91,7 @@ class Upload:
         f, self.f = self.f, None
         with contextlib.suppress(OSError):
             if f is not None:
-                f.close()             # type: ignore[attr-defined]
+                f.close()
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
 

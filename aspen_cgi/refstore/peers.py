@@ -64,6 +64,7 @@ def _mac(secret: str, method: str, path: str, at: str) -> str:
 
 def sign(s: settings.Settings, method: str, path: str) -> str:
     at = str(int(time.time()))
+    assert s.cluster_secret is not None         # settings.parse: ASPEN_NODE_URL needs ASPEN_CLUSTER_SECRET
     return f"{s.node_url} {at} {_mac(s.cluster_secret, method, path, at)}"
 
 
@@ -81,6 +82,7 @@ def signer(s: settings.Settings, header: Optional[str], method: str, path: str) 
 # -- the database's lists --------------------------------------------------------------------------
 
 def _conn(s: settings.Settings):
+    assert s.refstore_url is not None           # a cluster's node: settings.parse made sure
     conn = db.pgconn.PgConn(s.refstore_url, "public", 1, db.PG_USE_SCHEMA)
     if s.refstore_url not in _ready:
         db.retry(lambda: db_postgres.pg_peers_init(conn))
@@ -90,14 +92,16 @@ def _conn(s: settings.Settings):
 
 def here(s: settings.Settings) -> None:
     """Say this node is part of the cluster (at most every SEEN_EVERY_S per process)."""
-    key = (s.refstore_url, s.node_url)
+    node = s.node_url
+    assert s.refstore_url is not None and node is not None
+    key = (s.refstore_url, node)
     now = time.time()
     with _lock:
         if now - _seen.get(key, 0.0) < SEEN_EVERY_S:
             return
         _seen[key] = now
     conn = _conn(s)
-    db.retry(lambda: db_postgres.pg_node_seen(conn, s.node_url, now))
+    db.retry(lambda: db_postgres.pg_node_seen(conn, node, now))
 
 
 def heartbeat(s: settings.Settings) -> None:
@@ -110,7 +114,7 @@ def heartbeat(s: settings.Settings) -> None:
                 here(s)
             except (OSError, db.Error, db.Busy):
                 with _lock:
-                    _seen.pop((s.refstore_url, s.node_url), None)     # said again at the next beat
+                    _seen.pop((s.refstore_url or "", s.node_url or ""), None)     # said again at the next beat
             time.sleep(SEEN_EVERY_S / 4)
     threading.Thread(target=run, name="aspen-node-heartbeat", daemon=True).start()
 
@@ -139,7 +143,9 @@ def holders(s: settings.Settings, schema: str, name: str) -> list[str]:
 def hold(s: settings.Settings, schema: str, name: str, node: Optional[str] = None) -> None:
     """Record that NODE (this one) keeps SCHEMA's pack NAME on its disk."""
     conn = _conn(s)
-    db.retry(lambda: db_postgres.pg_hold(conn, schema, name, node or s.node_url, time.time()))
+    held = node or s.node_url
+    assert held is not None                     # a cluster's node: settings.parse made sure
+    db.retry(lambda: db_postgres.pg_hold(conn, schema, name, held, time.time()))
 
 
 def _unhold(s: settings.Settings, schema: str, name: str, node: str) -> None:
@@ -281,6 +287,7 @@ def replicate(s: settings.Settings, schema: str, name: str, path: str, log: Opti
     others = [n for n in nodes(s) if n != s.node_url]
     random.shuffle(others)
     want = min(s.replicas, len(others) + 1)
+    assert s.node_url is not None
     held = [s.node_url]
     for node in others:
         if len(held) >= want:

@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 _pools: dict[tuple[str, int], Any] = {}
 _pools_lock = threading.Lock()
@@ -131,7 +131,7 @@ class Rows:
         self.rowcount = rowcount
         self._next = 0
 
-    def fetchone(self) -> Optional[tuple]:
+    def fetchone(self) -> Any:              # as sqlite3.Cursor's: the caller knows a row is there, or checks
         if self._next >= len(self.rows):
             return None
         self._next += 1
@@ -215,7 +215,7 @@ def _wrap(e: Exception, url: str) -> StoreError:
 class PgConn:
     """One thread's connection to one repository's store (SCHEMA of the
     database at URL), with sqlite3.Connection's few methods db.py uses."""
-    dialect = "postgresql"
+    dialect: Literal["postgresql"] = "postgresql"
 
     def __init__(self, url: str, schema: str, pool_size: int, use_schema: str):
         self.url = url

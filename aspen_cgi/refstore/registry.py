@@ -88,6 +88,7 @@ def materialize(repo_dir: str, served: Repository) -> bool:
         if os.path.lexists(cand):
             continue
         try:
+            assert s.refstore_url is not None       # replica_mode(s) above
             if not db_postgres.pg_known(s.refstore_url, repo_key(served.at(cand))):
                 continue
             os.makedirs(os.path.dirname(cand), exist_ok=True)
@@ -228,6 +229,7 @@ def pg_connection(record: str, repo: Repository, create: bool) -> Optional[db.Co
         os.replace(tmp, record)
 
     s = repo.settings
+    assert s.refstore_url is not None           # a PostgreSQL store's record: the URL is set
     conn = db_postgres.connect_pg(s.refstore_url, key, s.refstore_pool, create, known, keep, adopt=replica_mode(s),
                                   may_migrate=lambda: may_migrate(s))
     if conn is None:

@@ -64,6 +64,7 @@ def publish_all(store: Copy, root: str, hash_len: int) -> str:
     """Every object of this node's repository as one pack in the pack store
     (a repository's import: what the other nodes start from); its name."""
     up = pack_store(store, root).upload()
+    assert up.f is not None                 # open until finish() or discard()
     try:
         res = gitexec.git_to_file(["pack-objects", "--all", "--stdout", "--quiet"], cwd=store.gitdir,
                                   out=up.f, env=store.repo.git_env)

@@ -192,14 +192,15 @@ class RefStore:
         """A store still one migration behind (nodes of the older Aspen were
         running when it was opened): moved on once they are gone, looked at
         every _MIGRATE_EVERY_S per process."""
-        if db.store_schema(self.conn) >= db.SCHEMA_VERSION:
+        conn = self.conn
+        if conn.dialect == "sqlite" or db.store_schema(conn) >= db.SCHEMA_VERSION:
             return
         now = time.monotonic()
         if now - _migrate_checked.get(self.path, -_MIGRATE_EVERY_S) < _MIGRATE_EVERY_S:
             return
         _migrate_checked[self.path] = now
         if registry.may_migrate(self.repo.settings):
-            self.conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(self.conn, registry.repo_key(self.repo)))
+            conn.store_schema = db.retry(lambda: db_postgres.pg_migrate(conn, registry.repo_key(self.repo)))
 
     def _made(self) -> str:
         """The token of the making of this PostgreSQL store, as the state records it."""
@@ -302,7 +303,7 @@ class RefStore:
             if changed or gone:
                 meta = by or VersionMeta("external")
                 v = db.insert_version(conn, meta.kind, meta.who, time.time(), meta.push_id, "done", None, self.node)
-                ups = []
+                ups: list[db.UpdateRow] = []
                 for r in changed:
                     if r.symref is None:
                         before = current.get(r.name)
@@ -332,7 +333,7 @@ class RefStore:
             if (self.path, vid) in _inflight or (owner != me and owner_alive(owner)):
                 continue
 
-            if not db.write(self.conn, lambda conn, vid=vid, owner=owner: db.claim_pending(conn, vid, owner, me)):
+            if not db.write(self.conn, lambda conn: db.claim_pending(conn, vid, owner, me)):
                 continue
             ups = db.version_updates(self.conn, vid)
             disk = diskrefs.read_some(self.gitdir, [r for r, *_ in ups])
@@ -752,7 +753,7 @@ class RefStore:
             segs = db.segment_packs(conn)
             monotone = not db.rewritten_since(conn, 2)
         direct = [r for r in rows if r.symref is None and r.oid]
-        return CloneView(latest, frozenset(r.oid for r in direct), frozenset(r.peeled for r in direct if r.peeled),
+        return CloneView(latest, frozenset(r.oid for r in direct if r.oid), frozenset(r.peeled for r in direct if r.peeled),
                          tuple(SegmentPack(*row) for row in segs), monotone)
 
     # -- time travel (model/pin.py) ----------------------------------------------------------------

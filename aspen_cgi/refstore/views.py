@@ -60,7 +60,7 @@ def _resolve_disk(disk: Mapping[str, diskrefs.DiskRef], name: str) -> Optional[s
     seen = set()
     while name in disk and disk[name].symref and name not in seen:
         seen.add(name)
-        name = disk[name].symref
+        name = disk[name].symref or name
     return name
 
 
@@ -91,7 +91,7 @@ def to_snapshot(rows: Sequence[StoredRef], repo: Repository, namespace: Optional
             if name == "HEAD" or not name.startswith("refs/"):
                 continue
         v = value(r)
-        if v is None:
+        if v is None or v.oid is None:      # (a direct ref always has its value)
             continue
         target = None
         if r.symref:
@@ -113,7 +113,7 @@ def to_snapshot(rows: Sequence[StoredRef], repo: Repository, namespace: Optional
             ref = index.get(target)
             if ref is not None:
                 head = Ref("HEAD", ref.oid, ref.peeled, target, ref.missing)
-        elif direct is not None:
+        elif direct is not None and direct.oid is not None:
             head = Ref("HEAD", direct.oid, direct.peeled if direct.otype == "tag" else None, None,
                        direct.otype == "missing")
         return refs_mod.RefSnapshot(tuple(out), head, target, prefix)
