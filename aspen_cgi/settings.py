@@ -303,6 +303,15 @@ class Settings:
         version_packs: str
         build_wait: float
         compact_quiet: float
+        poll_dir: Optional[str]
+        poll_window: int
+        poll_log: Optional[str]
+        client_share: int
+        trusted_proxies: tuple
+        offload: bool
+        offload_url: Optional[str]
+        offload_min_bytes: int
+        bundle_uri: bool
 
     def __repr__(self) -> str:
         return "Settings(" + ", ".join(f"{a}={getattr(self, a)!r}" for a in self.__slots__) + ")"

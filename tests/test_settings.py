@@ -273,3 +273,13 @@ def test_cache_max_bytes_takes_git_size_units(root, value, expected):
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["repositories"][0]["max_bytes"] == expected
+
+
+def test_every_setting_is_declared_for_the_type_checker():
+    """Settings' `if TYPE_CHECKING:` block names each TABLE row's attribute (mypy checks their uses)."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(settings.Settings))
+    block = next(n for n in ast.walk(tree) if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    declared = [n.target.id for n in block.body if isinstance(n, ast.AnnAssign)]
+    assert sorted(declared) == sorted(row[1] for row in settings.TABLE)

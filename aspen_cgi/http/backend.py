@@ -290,7 +290,7 @@ def _stored_pack(c: _Call) -> Response:
         st = os.stat(path) if path is not None else None
     except OSError:
         st = None
-    if st is None or not os.path.isfile(path):
+    if st is None or path is None or not os.path.isfile(path):
         raise HttpError(404, "Not Found", f"aspen: pack: no stored pack {name}", body=b"no such stored pack\n")
     etag = '"' + name[len("pack-"):-len(".pack")] + '"'      # named by its trailer: never changes
     resp = staticfile.serve(c.env, path, st.st_size, etag, st.st_mtime,

@@ -244,7 +244,7 @@ def _try(lim: Capacity, p: _Paths, queued: int = 0) -> tuple[Optional[list], boo
                         break
                 else:
                     held.append(own)
-                    behind = behind or (cprefix == p.client_server and not own.path.endswith(".0"))
+                    behind = behind or (cprefix == p.client_server and not (own.path or "").endswith(".0"))
             fd = _take_one(prefix, n)
             if fd is None:
                 break
