@@ -31,7 +31,7 @@ from aspen_cgi.model.client import ADDRESS, USER, Client
 from aspen_cgi.runtime import admission
 
 from .harness import fsck_strict, git, refs_of
-from .test_cache import Threads, _locked, _tip, _wait
+from .test_cache import Gate, Threads, _locked, _tip, _wait, gate  # noqa: F401  (gate: a fixture)
 
 STORMER = "10.0.0.1"
 OTHER = "10.0.0.2"
@@ -45,21 +45,6 @@ if [ "$who" = "{stormer}" ] || [ "$who" = "alice" ]; then
 fi
 exec "$@"
 """
-
-
-class Gate:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def open(self) -> None:
-        self.path.touch()
-
-
-@pytest.fixture
-def gate(tmp_path):
-    g = Gate(tmp_path / "gate-open")
-    yield g
-    g.open()
 
 
 def _env(tmp_path: Path, gate: Gate, **extra: str) -> dict[str, str]:
