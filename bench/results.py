@@ -69,7 +69,7 @@ NO_RATIO = ("failures", "errors", "count", "requests", "verified", "mismatches",
             "from_files", "stale_polls", "background_polls", "threads")
 # Section order in tables and pages (as `aspen-bench list`); other names follow alphabetically.
 WORKLOAD_ORDER = ("full-clone", "history-clone", "depth1-clone", "warm-fetch", "stale-branch", "ref-advertisement", "poll-storm",
-                  "push-history", "storm-depth1", "storm-warm", "writers", "clone-concurrency", "random-fetch",
+                  "push-history", "storm-depth1", "storm-warm", "fairness", "writers", "clone-concurrency", "random-fetch",
                   "lagging-clients", "busy-repo")
 BASELINE = "stock"
 SUBJECT = "aspen"          # the subject; every `aspen-*` target (aspen-packs, aspen-git) is one too
