@@ -33,7 +33,10 @@ def _clone(url: str, dest: Path, version: int, *extra: str) -> subprocess.Comple
 
 
 def _plans(server) -> list[str]:
-    return re.findall(r"service=upload-pack method=POST .*", server.log_text())
+    """The access lines of fetch answers (each says how it was answered: plan= or cache=), oldest
+    first. A v2 clone's ls-refs line may be written after its fetch's (each as its body closes)."""
+    return [line for line in re.findall(r"service=upload-pack method=POST .*", server.log_text())
+            if " plan=" in line or " cache=" in line]
 
 
 def _import(repo: Path) -> None:
