@@ -251,7 +251,7 @@ def _try(lim: Capacity, p: _Paths, queued: int = 0) -> tuple[Optional[list], boo
             held.append(_Held(fd))
         else:
             if not behind and p.client_queue is not None:
-                behind = _locked_count(p.client_queue, lim.shares()[2]) > queued
+                behind = _held(p.client_queue, lim.shares()[2]) > queued
             return held, over, behind
     _give_back(held)
     return None, over, behind
@@ -344,33 +344,24 @@ def acquire_build(lim: Capacity, check: Optional[Callable[[], None]] = None,
         pause = min(pause * 1.5, 0.1)
 
 
-def _locked_count(prefix: str, n: int) -> int:
-    """How many of `PREFIX.<i>` are held now, making none of them."""
+def _held(prefix: str, n: int) -> int:
+    """How many of `PREFIX.<i>` are held now, making none of them (a
+    client's files exist only while held). One that cannot be opened counts
+    as held."""
     held = 0
     for i in range(n):
         try:
             fd = os.open(f"{prefix}.{i}", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
         except OSError:
+            held += 1
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             held += 1
         finally:
-            os.close(fd)
-    return held
-
-
-def _held(prefix: str, n: int) -> int:
-    held = 0
-    for i in range(n):
-        path = f"{prefix}.{i}"
-        if not os.path.exists(path):
-            continue
-        fd = _take(path)
-        if fd is None:
-            held += 1
-        else:
             os.close(fd)
     return held
 
