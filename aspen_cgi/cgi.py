@@ -217,10 +217,16 @@ def _pipeline(env: dict, kind, prefix: bytes, started: float, started_ns: int, c
     except TimeoutError:
         resp.trace["ended"] = "idle-timeout" if not limits.expired() else "request-timeout"
     finally:
-        body.close()
-    if recordable and "ended" not in resp.trace and (kept is not None or "replay_file" in resp.trace):
-        from .http import replay  # startup
-        replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace, started_ns)
+        body.close_body()
+        try:
+            if recordable and "ended" not in resp.trace and (kept is not None or "replay_file" in resp.trace):
+                from .http import replay  # startup
+                why = replay.record(env, prefix, resp.trace["gitdir"], head, b"".join(kept or ()), resp.trace,
+                                    started_ns)
+                if why:
+                    resp.trace["unrecorded"] = why
+        finally:
+            body.close()
     if traces is not None:
         traces.append(resp.trace)
     return 0

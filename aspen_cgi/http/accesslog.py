@@ -23,7 +23,7 @@ def line(method: str, path: str, status: int, nbytes: int, started: float, trace
     for key in ("version", "pin", "reinjected", "cache", "entry", "depth1", "client", "queued_ms", "over_share", "behind", "plan", "why", "unproved",
                 "build_wait_ms", "plan_us", "checked", "ready_by", "check_us", "visits", "extents", "span", "commands",
                 "objects", "offload", "offload_bytes", "offload_chain", "bundle", "push", "proc_receive", "adopted", "phases",
-                "replayed", "resident", "pollfile", "ended"):
+                "replayed", "unrecorded", "resident", "pollfile", "ended"):
         if key in trace:
             fields.append(f"{key}={trace[key]}")
     return "aspen: " + " ".join(fields) + "\n"
@@ -60,13 +60,19 @@ class Counted:
         self.nbytes = 0
         self.log = log
         self._done = False
+        self._body_closed = False
 
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.body:
             self.nbytes += len(chunk)
             yield chunk
 
-    def close(self) -> None:
+    def close_body(self) -> None:
+        """End the body (its own close: a cache entry is completed there) and
+        write its late messages, without the access line yet."""
+        if self._body_closed:
+            return
+        self._body_closed = True
         close = getattr(self.body, "close", None)
         if close is not None:
             close()
@@ -77,6 +83,9 @@ class Counted:
                 self.errors.flush()
             except (OSError, ValueError):
                 pass
+
+    def close(self) -> None:
+        self.close_body()
         if self._done:
             return
         self._done = True

@@ -368,9 +368,12 @@ def refs_stamp(gitdir: str) -> bytes:
 
 
 def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer: bytes, trace: Mapping,
-           started_ns: int) -> bool:
+           started_ns: int) -> str:
     """Keep the answer for later requests like this one: ANSWER, or the file
-    trace['replay_file'] names; False when it may not be kept or writing failed.
+    trace['replay_file'] names. "" when kept, else why not (the access
+    line's `unrecorded`): `racy:PATH` (an input changed after STARTED_NS or
+    within the racy window before), `large`, `path`, `gone` (no state
+    directory), `unwritable`.
 
     STARTED_NS is when the request began (time.time_ns()), before anything was
     read: every input must be older than that by the racy window, so that
@@ -378,8 +381,10 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
     it, and would otherwise name a newer state than the answer's)."""
     repo = _repo_dir(env)
     file = trace.get("replay_file")
-    if repo is None or len(answer) > MAX_ANSWER:
-        return False
+    if repo is None:
+        return "path"
+    if len(answer) > MAX_ANSWER:
+        return "large"
     paths = _inputs(repo, gitdir, env) + ([file[0]] if file else [])
     for p in paths:
         try:
@@ -388,12 +393,12 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
             continue
         racy = COARSE_RACY_NS if st.st_mtime_ns % 1_000_000_000 == 0 else RACY_NS
         if started_ns - st.st_mtime_ns <= racy:
-            return False
+            return f"racy:{p}"
     key = _key(env, body)
     stats = _stats(paths)
     sdir = state_dir(gitdir, settings.of(env))
     if not _isdir(sdir):
-        return False        # never made here: a repository deleted meanwhile gets nothing back
+        return "gone"       # never made here: a repository deleted meanwhile gets nothing back
     directory = _join(sdir, "replay")
     fields = "\0".join(f"{k}={trace[k]}" for k in ("repo", "service", "version", "cache", "depth1") if k in trace)
     ref = "\0".join(str(v) for v in file) if file else ""
@@ -415,7 +420,7 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
             posix.unlink(tmp)
         except OSError:
             pass
-        return False
-    return True
+        return "unwritable"
+    return ""
 
 

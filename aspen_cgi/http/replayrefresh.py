@@ -73,4 +73,4 @@ def _record(env: dict, body: bytes) -> bool:
     finally:
         resp.close()
     head = ("".join(f"{k}: {v}\r\n" for k, v in resp.headers) + "\r\n").encode("utf-8", "surrogateescape")
-    return replay.record(env, body, resp.trace["gitdir"], head, bytes(answer), resp.trace, started_ns)
+    return not replay.record(env, body, resp.trace["gitdir"], head, bytes(answer), resp.trace, started_ns)

@@ -39,6 +39,8 @@ FIELDS = {
     "replay_file": "the cache entry a recorded answer is sent from",
     "replay_effects": "what a replay of the answer does beside sending it",
     "replayed": "the CGI program sent a recorded answer",
+    "unrecorded": "why a replayable answer was not recorded (http/replay.record): racy:PATH (an input changed "
+                  "while it was computed or just before), large, path, gone, unwritable",
     "resident": "the CGI program handed the request to its resident process (aspen_cgi/resident.py)",
     "pollfile": "an info/refs poll's answer kept for nginx (runtime/pollfiles.py): written, current, racy, moved, "
                 "error",
