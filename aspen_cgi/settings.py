@@ -184,7 +184,8 @@ TABLE = (
      "after a push, compute the depth-1 clone answers of HEAD's branch (`default`), of every branch it "
      "moved (`all`), or none"),
     ("ASPEN_PREWARM_DEMAND_S", "prewarm_demand", ANY_SECONDS, 86400.0, "`86400`", None,
-     "pre-warm only repositories whose depth-1 clones were asked for within this long (negative: none)"),
+     "pre-warm only repositories whose depth-1 clones were asked for within this long (negative: none); "
+     "keep bundles current only where bundles were"),
     # admission
     ("ASPEN_COLD_PER_REPO", "cold_per_repo", COUNT, _cores, "the number of cores", None,
      "git upload-pack runs at once per repository (the rest queue)"),
@@ -241,6 +242,7 @@ INTERNAL = (
     ("ASPEN_FAULT_ONCE", "tests: only while this file exists (removed first)"),
     ("ASPEN_NO_CLIENT", "pre-warm's requests: nobody waits for the answer (fetch/depth1.py)"),
     ("ASPEN_PREWARM_GITDIR", "the repository a detached pre-warmer warms (fetch/prewarm.py)"),
+    ("ASPEN_BUNDLE_GITDIR", "the repository a detached bundle keeper keeps (fetch/bundlekeep.py)"),
     ("ASPEN_DEPTH1_GITDIR", "a detached depth-1 build's repository (fetch/depth1.py)"),
     ("ASPEN_DEPTH1_NAME", "a detached depth-1 build's cache entry"),
     ("ASPEN_DEPTH1_VERSION", "a detached depth-1 build's ref-store version"),

@@ -523,6 +523,23 @@ def wait_packs_built(repo: Path, timeout: float = 120) -> None:
         store.sync()
 
 
+def wait_builder_done(repo: Path, timeout: float = 120) -> None:
+    """wait_packs_built, then until the background builder has finished all it
+    will do without a new push: compaction's segment packs and the import's
+    pack built again with the wide search (which renames it). A test that
+    names the stored packs waits for this first."""
+    from aspen_cgi.packs import background, builder
+    from aspen_cgi.refstore.store import RefStore
+    wait_packs_built(repo, timeout)
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
+    deadline = time.monotonic() + timeout
+    while (background.running(store.packs_dir) or builder.segments_to_build(store)
+           or not background.import_final(store) or not store.all_packs_built()):
+        assert time.monotonic() < deadline, f"the builder of {repo} did not finish in {timeout} s"
+        time.sleep(0.05)
+        store.sync()
+
+
 # -- a store's tables read and written beside Aspen (either engine) ----------------------------------
 
 def store_file(gitdir) -> str:

@@ -29,6 +29,7 @@ from aspen_cgi.protocol.pktline import DELIM, FLUSH, encode
 
 from . import harness as h
 from . import pushkit as pk
+from .cgiserver import cgi_server_factory  # noqa: F401
 
 FAST = {"ASPEN_ACCESS_LOG": "1", "ASPEN_OFFLOAD_MIN_BYTES": "1", "ASPEN_COMPACT_QUIET_MS": "0", "ASPEN_METRICS": "1"}
 
@@ -63,7 +64,8 @@ def _pkt_lines(body: bytes) -> list[bytes]:
 
 @pytest.fixture
 def served(root, server_factory, tmp_path):
-    """A repository imported, then pushed to through Aspen (4 pushes), packs built."""
+    """A repository imported, then pushed to through Aspen (4 pushes), packs built
+    and compacted, the import's pack as it stays."""
     server = server_factory(root, **FAST, ASPEN_RUN_DIR=str(tmp_path / "run"))     # its own metrics
     repo = pk.enable_push(root / "repo.git")
     work = tmp_path / "work"
@@ -72,7 +74,7 @@ def served(root, server_factory, tmp_path):
         (work / "big.txt").write_text("".join(f"line {n} of push {i}\n" for n in range(400 * (i + 1))))
         pk.commit(work, f"push {i}", name="big.txt")
         h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
-    h.wait_packs_built(repo)
+    h.wait_builder_done(repo)
     return server, repo, work
 
 
@@ -263,11 +265,69 @@ def test_bundle_uri_command_answers_as_git_s_tests_expect(served, tmp_path):
     body = _post_v2(url, [encode("command=bundle-uri\n"), FLUSH])[1]
     later = [re.search(r"/aspen/bundle@(\d+)$", x.decode()) for x in _pkt_lines(body) if b".uri=" in x]
     assert len(later) == 1 and int(later[0].group(1)) == reach > int(m.group(1)), (body, reach)
+    _kept_before_its_download(server, repo, url, int(m.group(1)))
     # bad input: an argument (git dies on any) -> 400; the same request without a delim is fine
     status, _ = _post_v2(url, [encode("command=bundle-uri\n"), DELIM, encode("extra\n"), FLUSH])
     assert status == 400
     status, body = _post_v2(url, [encode("command=bundle-uri\n"), FLUSH])
     assert status == 200 and _pkt_lines(body)[-1] == b"<flush>"
+
+
+def _kept_before_its_download(server, repo: Path, url: str, past: int) -> None:
+    """Clients took bundles, so the pushes' compaction made the bundle it
+    moved the advertisement to (past PAST: fetch/bundlekeep.py) before anyone
+    downloaded it: it is there, and its first download is a static file (no
+    `cache=cold`: not built then)."""
+    bundles = repo / "aspen" / "bundles"
+    deadline = time.time() + 60
+    while True:
+        body = _post_v2(url, [encode("command=bundle-uri\n"), FLUSH])[1]
+        version = [int(x.rsplit(b"@", 1)[1]) for x in _pkt_lines(body) if b".uri=" in x][0]
+        if version > past and list(bundles.glob(f"bundle-{version}-*.bundle")) or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert version > past and list(bundles.glob(f"bundle-{version}-*.bundle")), sorted(p.name for p in bundles.iterdir())
+    status, _, data = _get(f"{url}/aspen/bundle@{version}")
+    assert status == 200 and data.startswith(b"# v2 git bundle\n")
+    deadline = time.time() + 10        # the client has the bytes (Content-Length) before the line is written
+    while not (lines := [x for x in server.log_text().splitlines() if f"path=/repo.git/aspen/bundle@{version}" in x]):
+        assert time.time() < deadline, [x for x in server.log_text().splitlines() if "bundle" in x]
+        time.sleep(0.05)
+    line = lines[-1]
+    assert "service=bundle" in line and "cache=cold" not in line
+
+
+def test_a_cgi_push_keeps_the_advertised_bundle_built(root, cgi_server_factory, tmp_path):
+    """Under CGI the keeper is a detached program (python -m aspen_cgi.fetch.bundlekeep):
+    a repository whose bundles clients take gets the next one built after its
+    pushes are compacted; one nobody took a bundle from gets none."""
+    repo = pk.enable_push(root / "repo.git")
+    server = cgi_server_factory(root, "aspen", **FAST)
+    url = f"{server.url}/repo.git"
+    work = tmp_path / "work"
+    h.git("clone", "-q", url, str(work))
+
+    def pushes(n: int, past: int) -> int:
+        """N pushes, then the segment packs' reach once compaction moved it past PAST."""
+        for i in range(n):
+            pk.commit(work, f"push {i} {time.time()}")
+            h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+        h.wait_packs_built(repo)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            reach = h.store_rows(repo, "SELECT MAX(hi) FROM segment_packs WHERE name != ''")[0][0]
+            if reach and reach > past:
+                return reach
+            time.sleep(0.1)
+        raise AssertionError("compaction did not move")
+
+    reach = pushes(2, 1)
+    time.sleep(1.0)      # any keeper a push started would have found no demand; none made a bundle
+    assert not list((repo / "aspen").glob("bundles/bundle-*.bundle"))
+    status, body = _post_v2(url, [encode("command=bundle-uri\n"), FLUSH])
+    assert status == 200 and f"/aspen/bundle@{reach}".encode() in body
+    pushes(4, reach)
+    _kept_before_its_download(server, repo, url, reach)
 
 
 def test_bundle_uri_names_no_bundle_with_hidden_refs_and_is_off_when_asked(served, server_factory):

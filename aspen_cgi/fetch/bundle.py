@@ -32,6 +32,7 @@ from ..service import ServiceRefused
 from .uploadconfig import UploadConfig
 
 KEEP = 4                 # bundle files kept per repository (the newest by use)
+DIRECTORY = "bundles"    # beside the store's file, in the repository's state directory
 MAGIC = b"# v2 git bundle\n"
 
 
@@ -120,14 +121,16 @@ def _write_pack(ctx, store, version: int, values: list[str], whole: bool, out) -
 
 
 def bundle_file(ctx, pin: Optional[Pin]) -> BundleFile:
-    """The bundle of the latest built version, or of PIN's, built when first asked for."""
+    """The bundle of the latest built version, or of PIN's, built when first
+    asked for (or, for the advertised one, after the compaction that moved
+    it: fetch/bundlekeep.py)."""
     store = ctx.refstore()
     if store is None:
         raise _refused(404, "Not Found", "this repository has no ref store: no bundle")
     version = _version(ctx, store, pin)
     header, values, whole = _header(ctx, store, version)
     key = hashlib.sha256(header + ctx.config.object_format.encode()).hexdigest()[:16]
-    directory = os.path.join(os.path.dirname(store.path), "bundles")
+    directory = os.path.join(os.path.dirname(store.path), DIRECTORY)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"bundle-{version}-{key}.bundle")
     if not os.path.exists(path):

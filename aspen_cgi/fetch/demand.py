@@ -1,7 +1,9 @@
-"""Whether anyone clones a repository with `--depth 1`: upload.py notes each
-such request by touching DEMAND_FILE in the repository's state directory (at
-most once a minute), and a push pre-warms (fetch/prewarm.py) only where one
-came within ASPEN_PREWARM_DEMAND_S."""
+"""Whether anyone clones a repository with `--depth 1`, or takes its
+bundles: upload.py notes each such request by touching DEMAND_FILE (depth-1)
+or BUNDLE_DEMAND_FILE (a bundle-uri answer or a bundle download) in the
+repository's state directory (at most once a minute), and a push pre-warms
+(fetch/prewarm.py) or keeps the bundle current (fetch/bundlekeep.py) only
+where one came within ASPEN_PREWARM_DEMAND_S."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 from .. import settings
 
 DEMAND_FILE = "depth1.asked"
+BUNDLE_DEMAND_FILE = "bundle.asked"
 NOTE_EVERY_S = 60.0
 
 
@@ -19,9 +22,9 @@ def demand_effect(sdir: str) -> tuple[str, str, str]:
     return ("touch", os.path.join(sdir, DEMAND_FILE), "")
 
 
-def note_demand(sdir: str) -> None:
-    """A client asked for a depth-1 clone of the repository whose state lives in SDIR."""
-    path = os.path.join(sdir, DEMAND_FILE)
+def note_demand(sdir: str, name: str = DEMAND_FILE) -> None:
+    """A client asked for a depth-1 clone (NAME: or a bundle) of the repository whose state lives in SDIR."""
+    path = os.path.join(sdir, name)
     try:
         if time.time() - os.stat(path).st_mtime < NOTE_EVERY_S:
             return
@@ -35,10 +38,10 @@ def note_demand(sdir: str) -> None:
         pass
 
 
-def demanded(sdir: str, s: settings.Settings) -> bool:
-    """Whether a client asked for a depth-1 clone within the demand window."""
+def demanded(sdir: str, s: settings.Settings, name: str = DEMAND_FILE) -> bool:
+    """Whether a client asked for a depth-1 clone (NAME: or a bundle) within the demand window."""
     window = s.prewarm_demand
     try:
-        return time.time() - os.stat(os.path.join(sdir, DEMAND_FILE)).st_mtime <= window
+        return time.time() - os.stat(os.path.join(sdir, name)).st_mtime <= window
     except OSError:
         return False

@@ -257,8 +257,11 @@ def bundle_uri(ctx) -> Iterator[bytes]:
         ctx.trace["why"] = "none"
         return iter([offload.bundle_uri_answer(None, 0)])
     version = offload.bundle_version(store)
-    base = ctx.request.url          # Aspen's own route: the bundle is made on its first download
+    base = ctx.request.url          # Aspen's own route: the bundle is made after compaction, or on its first download
     ctx.trace.update(why="advertised" if version >= 1 and base else "none", bundle=version)
+    if version >= 1 and base:
+        from .demand import BUNDLE_DEMAND_FILE, note_demand  # startup
+        note_demand(state_dir(ctx.gitdir, ctx.settings), BUNDLE_DEMAND_FILE)     # pushes keep it current
     return iter([offload.bundle_uri_answer(base, version)])
 
 

@@ -257,6 +257,9 @@ def _bundle(c: _Call) -> Response:
     ctx = c.context()
     c.seen["trace"] = ctx.trace
     got = bundle.bundle_file(ctx, pin)
+    from ..fetch.demand import BUNDLE_DEMAND_FILE, note_demand  # startup
+    from ..runtime.statedir import state_dir  # startup
+    note_demand(state_dir(ctx.gitdir, ctx.settings), BUNDLE_DEMAND_FILE)     # pushes keep it current (bundlekeep)
     cache = ([("Cache-Control", "public, max-age=31536000, immutable")] if got.pinned
              else [("Cache-Control", "public, max-age=60")])
     resp = staticfile.serve(c.env, got.path, got.size, got.etag, got.mtime, cache, "application/x-git-bundle")
@@ -393,9 +396,10 @@ def _rpc(svc: str, ctx: ServiceContext, req: Request, max_buffer: int) -> Respon
             raise HttpError(400, "Bad Request", "fatal: the remote end hung up unexpectedly")
         stream = upload.serve(ctx, data)
     else:
-        from ..fetch import prewarm  # startup
+        from ..fetch import bundlekeep, prewarm  # startup
         from ..push import receive  # startup
-        ctx.after_push = (prewarm.kick,)           # a push's new version warms the cache for depth-1 clones
+        # a push's new version warms the cache for depth-1 clones, and the bundle once compacted
+        ctx.after_push = (prewarm.kick, bundlekeep.kick)
         if limits.max_push_bytes and length is not None and length > limits.max_push_bytes:
             raise HttpError(413, "Payload Too Large",
                             f"fatal: push of {length} bytes is larger than the server's limit of "

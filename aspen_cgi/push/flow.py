@@ -257,7 +257,8 @@ class Push:
 
     def _background_work(self) -> None:
         """After a push landed: its version pack (when built), then the jobs
-        the request's composer registered (ServiceContext.after_push: pre-warm)."""
+        the request's composer registered (ServiceContext.after_push: pre-warm,
+        the bundle kept current)."""
         from ..packs import background  # startup: pushes without a store never load the builder
         store = self.ctx.refstore()
         if store is None:
