@@ -20,7 +20,12 @@ Then a storm: `--storm N` clones, `--jobs K` at a time, inline then with
 `fetch.uriProtocols=http`, on the same server: its CPU, the storm's wall,
 bytes by kind; every clone's refs checked, the last of each kind fsck'd.
 
-    python -m bench.offload_clone --repo /tmp/gitgit.git [--reps 3] [--git PATH] [--storm 20 --jobs 10] [--json]
+With `--raw` the storm's clients send the request `git clone --mirror`
+sends and download every pack the answer names, but index nothing: the
+server's side of N clones without N index-packs on the bench machine
+(a 100-clone storm of git.git would be hours of client CPU on 2 cores).
+
+    python -m bench.offload_clone --repo /tmp/gitgit.git [--reps 3] [--git PATH] [--storm 20 --jobs 10 [--raw]] [--json]
 """
 
 from __future__ import annotations
@@ -193,8 +198,97 @@ def _storm(kind: str, url: str, tmp: Path, target, server_refs: dict[str, str], 
     for dest in last:
         _run("git", "-C", str(dest), "fsck", "--strict", "--no-progress")
         shutil.rmtree(dest, ignore_errors=True)
-    return {"clones": n, "jobs": jobs, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "refs_equal": ok[0],
-            "fsck_last": "ok", **_bytes(recs), **edge_figures}
+    return {"clones": n, "jobs": jobs, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "check": f"{ok[0]}/{n} refs equal, fsck (last) ok", **_bytes(recs), **edge_figures}
+
+
+def _fetch_body(wants: list[str], uris: bool, object_format: str) -> bytes:
+    """The protocol v2 fetch `git clone -q --mirror` (2.39) sends: every ref's
+    value wanted, no progress; with `packfile-uris http` when it offers them."""
+    from aspen_cgi.protocol.pktline import DELIM, FLUSH, encode
+    caps = ["command=fetch\n", "agent=git/2.39.5\n", f"object-format={object_format}\n"]
+    args = ["thin-pack\n", "no-progress\n", "ofs-delta\n"]
+    args += [f"want {w}\n" for w in wants]
+    if uris:
+        args.append("packfile-uris http\n")
+    args.append("done\n")
+    return b"".join(encode(x) for x in caps) + DELIM + b"".join(encode(x) for x in args) + FLUSH
+
+
+def _read_all(resp) -> tuple[int, bytes]:
+    """The response's length, and its first 64 KiB (where a packfile-uris section is)."""
+    head = resp.read(65536)
+    n = len(head)
+    while True:
+        chunk = resp.read(1 << 20)
+        if not chunk:
+            return n, head
+        n += len(chunk)
+
+
+def _uris(head: bytes) -> list[str]:
+    """The URIs of a fetch answer's packfile-uris section (none: all inline)."""
+    out, pos, inside = [], 0, False
+    while pos + 4 <= len(head):
+        n = int(head[pos:pos + 4], 16)
+        if n < 4:
+            if inside:
+                return out
+            pos += 4
+            continue
+        line = head[pos + 4:pos + n].rstrip(b"\n")
+        pos += n
+        if line == b"packfile-uris":
+            inside = True
+        elif inside:
+            out.append(line.split(b" ", 1)[1].decode())
+        elif line == b"packfile":
+            return out
+    return out
+
+
+def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int, jobs: int,
+               object_format: str) -> dict:
+    """N clients at once (JOBS at a time) sending the fetch a `git clone --mirror`
+    sends, reading the whole answer and downloading every pack it names by
+    URI, as git would, but indexing nothing: the server's side of a storm of N
+    clones without N index-packs on this machine. Every answer of a kind
+    must be as long as the first (cached and planned answers are the same
+    bytes each time); the single clones before it are the fsck'd ones."""
+    import urllib.request
+    body = _fetch_body(sorted(set(server_refs.values())), kind == "uris", object_format)
+    mark = target.proxy.mark()
+    tree = ProcTree(target.info.pids).start()
+    sizes: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    walls: list[float] = []
+
+    def one(i: int) -> None:
+        t = time.perf_counter()
+        req = urllib.request.Request(f"{url}/git-upload-pack", data=body, headers={
+            "Content-Type": "application/x-git-upload-pack-request", "Git-Protocol": "version=2",
+            "Accept": "application/x-git-upload-pack-result"})
+        with urllib.request.urlopen(req, timeout=3600) as resp:
+            answer, head = _read_all(resp)
+        static = 0
+        for uri in _uris(head):
+            with urllib.request.urlopen(uri, timeout=3600) as resp:
+                static += _read_all(resp)[0]
+        with lock:
+            sizes.append((answer, static))
+            walls.append(time.perf_counter() - t)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, range(n)))
+    wall = time.perf_counter() - t
+    cpu = tree.stop().cpu_s
+    recs = target.proxy.since(mark)
+    same = sum(1 for s in sizes if s == sizes[0])
+    walls.sort()
+    return {"clones": n, "jobs": jobs, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "clone_wall_p50_s": round(walls[len(walls) // 2], 2), "clone_wall_max_s": round(walls[-1], 2),
+            "check": f"raw clients: {same}/{n} answers of the first's length", **_bytes(recs)}
 
 
 def _git_version(git: str) -> str:
@@ -211,6 +305,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-fsck", action="store_true", help="skip git fsck --strict of the single clones")
     ap.add_argument("--storm", type=int, default=0, help="clones in the storm of each kind (0: no storm)")
     ap.add_argument("--jobs", type=int, default=10, help="the storm's clones at once")
+    ap.add_argument("--raw", action="store_true", help="the storm's clients send git's requests and download "
+                    "what they are named, but index nothing (no client CPU: a 100-clone storm of git.git on 2 cores)")
     ap.add_argument("--nginx", action="store_true", help="the packs by ASPEN_OFFLOAD_URL from nginx "
                     "(nginx/aspen-offload.conf over the server's repositories) instead of Aspen's own route")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -248,8 +344,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                             args.git if kind == "bundle-uri" else "git", not args.no_fsck, edge))
             storms = {}
             if args.storm:
+                fmt = _run("git", "-C", str(gitdir), "rev-parse", "--show-object-format").stdout.decode().strip()
                 for kind in ("inline", "uris"):
-                    storms[kind] = _storm(kind, url, tmp, target, server_refs, args.storm, args.jobs, edge)
+                    storms[kind] = (_raw_storm(kind, url, target, server_refs, args.storm, args.jobs, fmt) if args.raw
+                                    else _storm(kind, url, tmp, target, server_refs, args.storm, args.jobs, edge))
             log = target.log_text()
         finally:
             target.stop()
@@ -297,13 +395,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if storms:
         print()
         print("| storm | clones | at once | wall s | server CPU s | bytes | of which Aspen's answers | of which static "
-              "files | refs equal | fsck (last) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "files | checked |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for kind, s in storms.items():
             static = f"{s['static_bytes']}" + (f" (+ nginx {s['edge_bytes']}, CPU {s['edge_cpu_s']} s)"
                                                if "edge_bytes" in s else "")
             print(f"| {kind} | {s['clones']} | {s['jobs']} | {s['wall_s']} | {s['cpu_s']} | {s['bytes']} | "
-                  f"{s['answer_bytes']} | {static} | {s['refs_equal']}/{s['clones']} | {s['fsck_last']} |")
+                  f"{s['answer_bytes']} | {static} | {s['check']} |")
         r = out["storm_uris_vs_inline"]
         print(f"\nstorm, uris / inline: wall {r['wall_s']}, server CPU {r['cpu_s']}, Aspen's answer bytes "
               f"{r['answer_bytes']}")

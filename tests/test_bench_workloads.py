@@ -442,3 +442,22 @@ def test_fairness_end_to_end(tmp_path):
     mine = [line for line in log.splitlines() if " client=addr:10.0.0.2 " in line]
     assert len(mine) == 4 and not any("queued_ms=" in line for line in mine), mine
     assert " client=addr:10.0.0.1 " in log
+
+
+def test_offload_clone_raw_storm(monkeypatch, capsys):
+    """bench.offload_clone --storm --raw: the storm's clients send git's
+    request and download what the answer names by URI (no index-pack): with
+    offload the import pack comes from the static route and Aspen's answers
+    carry only the rest; every answer of a kind is as long as the first."""
+    import json
+
+    from bench import offload_clone
+    monkeypatch.setenv("ASPEN_OFFLOAD_MIN_BYTES", "1")          # the tiny repository's import pack goes by URI
+    assert offload_clone.main(["--preset", "tiny", "--reps", "1", "--storm", "4", "--jobs", "2", "--raw",
+                               "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    inline, uris = out["storm"]["inline"], out["storm"]["uris"]
+    assert inline["check"] == uris["check"] == "raw clients: 4/4 answers of the first's length"
+    assert inline["static_bytes"] == 0 and uris["static_bytes"] > 0
+    assert uris["answer_bytes"] < inline["answer_bytes"] / 2
+    assert out["tracebacks"] == 0
