@@ -383,6 +383,7 @@ def _imported(env: dict) -> set[str]:
 # What a replayed answer may load beside the interpreter's own start-up: the
 # CGI program, settings, and the replay path (http/replay.py's imports).
 REPLAY_PATH = {"aspen_cgi", "aspen_cgi.cgi", "aspen_cgi.settings", "aspen_cgi.model", "aspen_cgi.model.gitvalues",
+               "aspen_cgi.model.racy",
                "aspen_cgi.http", "aspen_cgi.http.replay", "aspen_cgi.http.accesslog", "aspen_cgi.http.limits", "aspen_cgi.git",
                "aspen_cgi.git.configfiles", "aspen_cgi.runtime", "aspen_cgi.runtime.statedir"}
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from ..model.gitvalues import ConfigError, parse_bool, parse_size
+from ..model.racy import RACY_NS
 from . import configfiles, gitexec
 
 _ENV_KEYS = ("HOME", "XDG_CONFIG_HOME")
-_RACY_NS = 100_000_000
 _cache: dict[tuple, tuple[tuple, "RepoConfig"]] = {}
 
 def _stamp(files: list[str]) -> tuple:
@@ -75,7 +75,7 @@ class RepoConfig:
             return hit[1]
         res = gitexec.git(["config", "-l", "-z"], cwd=gitdir, env=gitexec.child_env(env, GIT_DIR="."))
         config = cls.parse(res.stdout if res.ok else b"")
-        racy = time.time_ns() - max((max(s[1], s[3]) for s in stamp if s), default=0) < _RACY_NS
+        racy = time.time_ns() - max((max(s[1], s[3]) for s in stamp if s), default=0) < RACY_NS
         included = config.includes
         if res.ok and not racy and not included:
             _cache[key] = (stamp, config)

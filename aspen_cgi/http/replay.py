@@ -19,7 +19,7 @@ every directory under refs/ (git renames every ref into place, which changes
 its directory), git-daemon-export-ok, shallow, and the configuration files.
 Any difference and the entry is not used. An input modified after the
 request began, or within the racy window before (a change in the same clock
-tick could leave its timestamp unchanged, as in refstore/fingerprint.py),
+tick could leave its timestamp unchanged: model/racy.py),
 keeps the answer from being recorded. The service decides what may be
 recorded (trace `replayable`: no per-process values such as a session id;
 `replay_file` and `replay_effects` for a cache entry: what a replay must do
@@ -27,7 +27,7 @@ beside sending it, e.g. count the hit), and a configuration with include
 directives is never recorded.
 
 Imports only posix (not os: ~1 ms of every request), time, zlib, stat and
-the light modules configfiles, statedir and settings: it runs before
+the light modules configfiles, statedir, settings and model/racy: it runs before
 anything else in aspen-cgi (tests/test_replay.py holds it to that)."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from stat import S_ISDIR
 
 from .. import settings
 from ..git.configfiles import sources
+from ..model.racy import too_recent
 from ..runtime.statedir import state_dir
 
 TYPE_CHECKING = False   # typing itself costs a CGI start-up milliseconds
@@ -71,8 +72,6 @@ MAGIC = b"aspen-replay 1\n"
 MAX_BODY = 1 << 20          # request bodies larger than this are not looked up
 MAX_ANSWER = 4 << 20        # answers larger than this are not recorded
 SLOTS = 256                 # entries per repository at most (by key checksum)
-RACY_NS = 100_000_000
-COARSE_RACY_NS = 2_000_000_000
 SUFFIXES = ("/.git", "", ".git/.git", ".git")   # enter_repo's order (http/paths.py)
 
 # What varies per client or per connection and never changes an advertisement or ls-refs answer.
@@ -391,8 +390,7 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
             st = posix.lstat(p)
         except OSError:
             continue
-        racy = COARSE_RACY_NS if st.st_mtime_ns % 1_000_000_000 == 0 else RACY_NS
-        if started_ns - st.st_mtime_ns <= racy:
+        if too_recent(st.st_mtime_ns, started_ns):
             return f"racy:{p}"
     key = _key(env, body)
     stats = _stats(paths)

@@ -10,7 +10,7 @@ client already has its answer) computes each stale listing recorded for
 that repository again and records it, so that the next poll is replayed.
 
 It waits first for the racy window of the ref files the push wrote
-(replay.RACY_NS: a record is refused while an input is that recent); when
+(model/racy.py: a record is refused while an input is that recent); when
 the refs changed meanwhile (a burst: the next push has landed), it leaves
 the listings to that push's worker. It takes each listing's flight without
 waiting (a client computing the same listing is left to record it), and
@@ -24,10 +24,11 @@ import time
 from typing import Mapping
 
 from .. import settings
+from ..model.racy import RACY_NS
 from ..runtime.statedir import state_dir
 from . import replay
 
-SETTLE_S = replay.RACY_NS / 1e9 + 0.01
+SETTLE_S = RACY_NS / 1e9 + 0.01
 
 
 def refresh(gitdir: str, env: Mapping[str, str]) -> int:

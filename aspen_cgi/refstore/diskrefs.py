@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 from ..git import gitexec
 from ..model.objectid import OID_PATTERN
+from ..model.racy import COARSE_RACY_NS
 from ..model.refname import check_refname_format
 from ..model.versions import ZERO, RefChange, is_null
 from ..runtime.repository import Repository
@@ -62,7 +63,7 @@ def loose_value(path: str) -> Optional[DiskRef]:
     return None
 
 
-STABLE_NS = 2_000_000_000     # fingerprint.COARSE_RACY_NS: a listing older than this is kept
+STABLE_NS = COARSE_RACY_NS    # a listing older than this is kept
 _BROKEN = "broken"
 _CACHE_MAX = 20_000           # directories
 # directory path -> (stat key, [(ref name, value or _BROKEN)], [(subdir name, path)])

@@ -20,8 +20,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-RACY_NS = 100_000_000           # file systems with nanosecond timestamps (ext4, xfs, btrfs, tmpfs)
-COARSE_RACY_NS = 2_000_000_000  # whole-second timestamps (ext3, small-inode ext4, HFS+, many NFS servers)
+from ..model.racy import COARSE_RACY_NS, RACY_NS
 
 # (path) -> (dir stat key, subdirectory names); only filled from non-racy listings
 _listings: dict[str, tuple[tuple[int, int, int], list[str]]] = {}

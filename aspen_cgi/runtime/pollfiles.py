@@ -39,12 +39,11 @@ import time
 from typing import Optional, Sequence
 
 from .. import settings
+from ..model.racy import too_recent
 
 REPOS = "repos"
 URLS = "urls"
 KINDS = ("upload-pack.v0", "upload-pack.v2")
-RACY_NS = 100_000_000               # as refstore/fingerprint.py: a change in the same clock tick
-COARSE_RACY_NS = 2_000_000_000
 _names = threading.local()
 
 
@@ -123,8 +122,7 @@ def racy(paths: Sequence[str], started_ns: int) -> Optional[str]:
             st = os.lstat(p)
         except OSError:
             continue
-        window = COARSE_RACY_NS if st.st_mtime_ns % 1_000_000_000 == 0 else RACY_NS
-        if started_ns - st.st_mtime_ns <= window:
+        if too_recent(st.st_mtime_ns, started_ns):
             return p
     return None
 
