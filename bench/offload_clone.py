@@ -202,61 +202,15 @@ def _storm(kind: str, url: str, tmp: Path, target, server_refs: dict[str, str], 
             "check": f"{ok[0]}/{n} refs equal, fsck (last) ok", **_bytes(recs), **edge_figures}
 
 
-def _fetch_body(wants: list[str], uris: bool, object_format: str) -> bytes:
-    """The protocol v2 fetch `git clone -q --mirror` (2.39) sends: every ref's
-    value wanted, no progress; with `packfile-uris http` when it offers them."""
-    from aspen_cgi.protocol.pktline import DELIM, FLUSH, encode
-    caps = ["command=fetch\n", "agent=git/2.39.5\n", f"object-format={object_format}\n"]
-    args = ["thin-pack\n", "no-progress\n", "ofs-delta\n"]
-    args += [f"want {w}\n" for w in wants]
-    if uris:
-        args.append("packfile-uris http\n")
-    args.append("done\n")
-    return b"".join(encode(x) for x in caps) + DELIM + b"".join(encode(x) for x in args) + FLUSH
-
-
-def _read_all(resp) -> tuple[int, bytes]:
-    """The response's length, and its first 64 KiB (where a packfile-uris section is)."""
-    head = resp.read(65536)
-    n = len(head)
-    while True:
-        chunk = resp.read(1 << 20)
-        if not chunk:
-            return n, head
-        n += len(chunk)
-
-
-def _uris(head: bytes) -> list[str]:
-    """The URIs of a fetch answer's packfile-uris section (none: all inline)."""
-    out, pos, inside = [], 0, False
-    while pos + 4 <= len(head):
-        n = int(head[pos:pos + 4], 16)
-        if n < 4:
-            if inside:
-                return out
-            pos += 4
-            continue
-        line = head[pos + 4:pos + n].rstrip(b"\n")
-        pos += n
-        if line == b"packfile-uris":
-            inside = True
-        elif inside:
-            out.append(line.split(b" ", 1)[1].decode())
-        elif line == b"packfile":
-            return out
-    return out
-
-
-def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int, jobs: int,
-               object_format: str) -> dict:
+def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int, jobs: int) -> dict:
     """N clients at once (JOBS at a time) sending the fetch a `git clone --mirror`
     sends, reading the whole answer and downloading every pack it names by
     URI, as git would, but indexing nothing: the server's side of a storm of N
     clones without N index-packs on this machine. Every answer of a kind
     must be as long as the first (cached and planned answers are the same
     bytes each time); the single clones before it are the fsck'd ones."""
-    import urllib.request
-    body = _fetch_body(sorted(set(server_refs.values())), kind == "uris", object_format)
+    from . import rawclone
+    body = rawclone.fetch_body(sorted(set(server_refs.values())), "http" if kind == "uris" else None)
     mark = target.proxy.mark()
     tree = ProcTree(target.info.pids).start()
     sizes: list[tuple[int, int]] = []
@@ -264,19 +218,10 @@ def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int,
     walls: list[float] = []
 
     def one(i: int) -> None:
-        t = time.perf_counter()
-        req = urllib.request.Request(f"{url}/git-upload-pack", data=body, headers={
-            "Content-Type": "application/x-git-upload-pack-request", "Git-Protocol": "version=2",
-            "Accept": "application/x-git-upload-pack-result"})
-        with urllib.request.urlopen(req, timeout=3600) as resp:
-            answer, head = _read_all(resp)
-        static = 0
-        for uri in _uris(head):
-            with urllib.request.urlopen(uri, timeout=3600) as resp:
-                static += _read_all(resp)[0]
+        got = rawclone.clone(url, body)
         with lock:
-            sizes.append((answer, static))
-            walls.append(time.perf_counter() - t)
+            sizes.append((got.answer_bytes, got.static_bytes))
+            walls.append(got.wall_s)
 
     t = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:
@@ -344,9 +289,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                             args.git if kind == "bundle-uri" else "git", not args.no_fsck, edge))
             storms = {}
             if args.storm:
-                fmt = _run("git", "-C", str(gitdir), "rev-parse", "--show-object-format").stdout.decode().strip()
                 for kind in ("inline", "uris"):
-                    storms[kind] = (_raw_storm(kind, url, target, server_refs, args.storm, args.jobs, fmt) if args.raw
+                    storms[kind] = (_raw_storm(kind, url, target, server_refs, args.storm, args.jobs) if args.raw
                                     else _storm(kind, url, tmp, target, server_refs, args.storm, args.jobs, edge))
             log = target.log_text()
         finally:

@@ -461,3 +461,27 @@ def test_offload_clone_raw_storm(monkeypatch, capsys):
     assert inline["static_bytes"] == 0 and uris["static_bytes"] > 0
     assert uris["answer_bytes"] < inline["answer_bytes"] / 2
     assert out["tracebacks"] == 0
+
+
+def test_offload_storm_end_to_end(tmp_path, monkeypatch):
+    """offload-storm: a real clone verified per target, then a storm of raw
+    clients; Aspen names its import pack by URI (static bytes, a small answer),
+    stock sends everything inline; every answer the same; server CPU counted."""
+    from bench import targets
+    monkeypatch.setenv("ASPEN_OFFLOAD_MIN_BYTES", "1")          # the tiny repository's import pack goes by URI
+    root = tmp_path / "root"
+    root.mkdir()
+    repogen.generate(repogen.PRESETS["tiny"], root / "bench.git")
+    with targets.running_targets(["aspen-packs", "stock"], root, tmp_path / "servers") as started:
+        infos = [t.info for t in started]
+        ctx = WorkloadContext(targets=infos, repo="bench.git", proxies={t.info.name: t.proxy for t in started},
+                              roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
+                              params={}, procs={i.name: list(i.pids) for i in infos})
+        rows = WORKLOADS["offload-storm"](ctx)
+    by = {r.target: r.metrics for r in rows}
+    for t, m in by.items():
+        assert m["failures"] == 0 and m["verified"] is True and m["clones"] == 6, (t, m)
+        assert m["server_cpu_s"] >= 0 and m["p50"] <= m["p99"] <= m["max"]
+    assert by["aspen-packs"]["same_answers"] == 6        # stored bytes; git's pack may differ run to run
+    assert by["stock"]["static_bytes"] == 0 and by["aspen-packs"]["static_bytes"] > 0
+    assert by["aspen-packs"]["answer_bytes"] < by["stock"]["answer_bytes"] / 2
