@@ -478,10 +478,13 @@ def test_offload_storm_end_to_end(tmp_path, monkeypatch):
                               roots={i.name: i.root for i in infos}, workdir=tmp_path / "work", quick=True,
                               params={}, procs={i.name: list(i.pids) for i in infos})
         rows = WORKLOADS["offload-storm"](ctx)
-    by = {r.target: r.metrics for r in rows}
-    for t, m in by.items():
-        assert m["failures"] == 0 and m["verified"] is True and m["clones"] == 6, (t, m)
+    assert sorted((r.target, r.params["uri_protocols"]) for r in rows) == [
+        ("aspen-packs", "http"), ("aspen-packs", "none"), ("stock", "http"), ("stock", "none")]
+    by = {(r.target, r.params["uri_protocols"]): r.metrics for r in rows}
+    for k, m in by.items():
+        assert m["failures"] == 0 and m["verified"] is True and m["clones"] == 6, (k, m)
         assert m["server_cpu_s"] >= 0 and m["p50"] <= m["p99"] <= m["max"]
-    assert by["aspen-packs"]["same_answers"] == 6        # stored bytes; git's pack may differ run to run
-    assert by["stock"]["static_bytes"] == 0 and by["aspen-packs"]["static_bytes"] > 0
-    assert by["aspen-packs"]["answer_bytes"] < by["stock"]["answer_bytes"] / 2
+    assert by["aspen-packs", "http"]["same_answers"] == by["aspen-packs", "none"]["same_answers"] == 6   # stored bytes
+    assert by["aspen-packs", "http"]["static_bytes"] > 0
+    assert by["stock", "http"]["static_bytes"] == by["aspen-packs", "none"]["static_bytes"] == 0
+    assert by["aspen-packs", "http"]["answer_bytes"] < by["aspen-packs", "none"]["answer_bytes"] / 2

@@ -137,70 +137,76 @@ def offload_clone(ctx: WorkloadContext) -> list[Measurement]:
 
 @register("offload-storm")
 def offload_storm(ctx: WorkloadContext) -> list[Measurement]:
-    """A storm of full clones, per target (in turn): one real `git clone
-    --mirror` first, verified (fsck --strict, refs), then params clones (100;
-    quick 6), jobs (10; quick 3) at once, each the fetch that clone sends,
-    offering packfile-uris `uri_protocols` (default `http`; empty: none, the
-    storm without offload), its answer read whole and every pack it names
-    downloaded, nothing indexed (bench/rawclone.py). The server's CPU over the
-    storm (`server_cpu_s`), the storm's wall, each clone's wall (p50, p99,
+    """Storms of full clones, per target in turn, with offload and without:
+    for each of params uri_protocols (default `http,`: a storm whose clients
+    offer packfile-uris over http, then the same storm offering none), one
+    real `git clone --mirror` first, verified (fsck --strict, refs), then
+    params clones (100; quick 6), jobs (10; quick 3) at once, each the fetch
+    that clone sends, its answer read whole and every pack it names
+    downloaded, nothing indexed (bench/rawclone.py). The server's CPU over
+    the storm (`server_cpu_s`), the storm's wall, each clone's wall (p50, p99,
     max), bytes: all (`bytes`), the upload-pack answers' (`answer_bytes`),
     the packs by URI (`static_bytes`); `same_answers`: how many answers were
     as long as the first (Aspen's, stored bytes, always are; git's pack may
     differ from run to run)."""
+    offers = str(ctx.param("uri_protocols", "http,")).split(",")
+    n = int(ctx.param("clones", 100, quick=6))
+    jobs = int(ctx.param("jobs", 10, quick=3))
+    out = []
+    for rep, protocols in enumerate(offers):
+        for t in ordered(ctx, rep):
+            report(ctx, len(out), len(offers) * len(ctx.targets),
+                   f"offload-storm {t.name}: {n} clones, {jobs} at once, offering {protocols or 'no'} packfile-uris")
+            out.append(_offload_storm_one(ctx, t, protocols, n, jobs))
+    return out
+
+
+def _offload_storm_one(ctx: WorkloadContext, t, protocols: str, n: int, jobs: int) -> Measurement:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
     from .. import rawclone
-    protocols = str(ctx.param("uri_protocols", "http"))
-    n = int(ctx.param("clones", 100, quick=6))
-    jobs = int(ctx.param("jobs", 10, quick=3))
-    config = (f"fetch.uriProtocols={protocols}",) if protocols else ()
-    out = []
-    for i, t in enumerate(ordered(ctx, 0)):
-        url = repo_url(ctx, t)
-        dest = ctx.workdir / "offload-storm" / t.name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        real = gitclient.clone(url, dest, mirror=True, config=config)
-        ls = gitclient.ls_remote(url)
-        refs = gitclient.parse_refs(ls.stdout) if ls.ok else {}
-        v = gitclient.verify(dest, refs, mirror=True) if real.ok and ls.ok else None
-        rmtree(dest)
-        body = rawclone.fetch_body(sorted(set(refs.values())), protocols or None)
-        got: list = []
-        errors: list[str] = []
-        lock = threading.Lock()
+    url = repo_url(ctx, t)
+    dest = ctx.workdir / "offload-storm" / t.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    real = gitclient.clone(url, dest, mirror=True, config=(f"fetch.uriProtocols={protocols}",) if protocols else ())
+    ls = gitclient.ls_remote(url)
+    refs = gitclient.parse_refs(ls.stdout) if ls.ok else {}
+    v = gitclient.verify(dest, refs, mirror=True) if real.ok and ls.ok else None
+    rmtree(dest)
+    body = rawclone.fetch_body(sorted(set(refs.values())), protocols or None)
+    got: list = []
+    errors: list[str] = []
+    lock = threading.Lock()
 
-        def one(_: int) -> None:
-            try:
-                r = rawclone.clone(url, body)
-            except OSError as e:
-                with lock:
-                    errors.append(str(e)[-300:])
-                return
+    def one(_: int) -> None:
+        try:
+            r = rawclone.clone(url, body)
+        except OSError as e:
             with lock:
-                got.append(r)
+                errors.append(str(e)[-300:])
+            return
+        with lock:
+            got.append(r)
 
-        report(ctx, i, len(ctx.targets), f"offload-storm {t.name}: {n} clones, {jobs} at once")
-        with ServerUsage(ctx, t, precise=True) as u, Wire(ctx, t) as w:
-            start = time.perf_counter()
-            with ThreadPoolExecutor(jobs) as pool:
-                list(pool.map(one, range(n)))
-            wall = time.perf_counter() - start
-        walls = sorted(r.wall_s * 1000 for r in got)
-        m: dict = {"clones": n, "jobs": jobs, "failures": len(errors) + (0 if real.ok else 1),
-                   "verified": bool(v and v.ok), "wall_ms": wall * 1000,
-                   "answer_bytes": sum(r.answer_bytes for r in got), "static_bytes": sum(r.static_bytes for r in got),
-                   "same_answers": sum(1 for r in got if (r.answer_bytes, r.static_bytes)
-                                       == (got[0].answer_bytes, got[0].static_bytes)) if got else 0}
-        if walls:
-            m.update(p50=stats.median(walls), p99=walls[min(len(walls) - 1, int(len(walls) * 0.99))], max=walls[-1])
-        m.update(u.metrics())
-        m.update(w.metrics())
-        err = errors[0] if errors else ("" if real.ok else real.stderr_tail[-300:]) or ("" if not v or v.ok else v.detail)
-        out.append(Measurement("offload-storm", t.name, {"uri_protocols": protocols, "clones": n, "jobs": jobs}, m,
-                               walls, err))
-    return out
+    with ServerUsage(ctx, t, precise=True) as u, Wire(ctx, t) as w:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(one, range(n)))
+        wall = time.perf_counter() - start
+    walls = sorted(r.wall_s * 1000 for r in got)
+    m: dict = {"clones": n, "jobs": jobs, "failures": len(errors) + (0 if real.ok else 1),
+               "verified": bool(v and v.ok), "wall_ms": wall * 1000,
+               "answer_bytes": sum(r.answer_bytes for r in got), "static_bytes": sum(r.static_bytes for r in got),
+               "same_answers": sum(1 for r in got if (r.answer_bytes, r.static_bytes)
+                                   == (got[0].answer_bytes, got[0].static_bytes)) if got else 0}
+    if walls:
+        m.update(p50=stats.median(walls), p99=walls[min(len(walls) - 1, int(len(walls) * 0.99))], max=walls[-1])
+    m.update(u.metrics())
+    m.update(w.metrics())
+    err = errors[0] if errors else ("" if real.ok else real.stderr_tail[-300:]) or ("" if not v or v.ok else v.detail)
+    return Measurement("offload-storm", t.name, {"uri_protocols": protocols or "none", "clones": n, "jobs": jobs}, m,
+                       walls, err)
 
 
 @register("depth1-clone")
