@@ -202,7 +202,8 @@ def _storm(kind: str, url: str, tmp: Path, target, server_refs: dict[str, str], 
             "check": f"{ok[0]}/{n} refs equal, fsck (last) ok", **_bytes(recs), **edge_figures}
 
 
-def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int, jobs: int) -> dict:
+def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int, jobs: int,
+               edge: Optional[Nginx] = None) -> dict:
     """N clients at once (JOBS at a time) sending the fetch a `git clone --mirror`
     sends, reading the whole answer and downloading every pack it names by
     URI, as git would, but indexing nothing: the server's side of a storm of N
@@ -212,7 +213,9 @@ def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int,
     from . import rawclone
     body = rawclone.fetch_body(sorted(set(server_refs.values())), "http" if kind == "uris" else None)
     mark = target.proxy.mark()
+    edge_mark = edge.mark() if edge is not None else 0
     tree = ProcTree(target.info.pids).start()
+    edge_tree = ProcTree(edge.proc.pid).start() if edge is not None and edge.proc is not None else None
     sizes: list[tuple[int, int]] = []
     lock = threading.Lock()
     walls: list[float] = []
@@ -229,11 +232,14 @@ def _raw_storm(kind: str, url: str, target, server_refs: dict[str, str], n: int,
     wall = time.perf_counter() - t
     cpu = tree.stop().cpu_s
     recs = target.proxy.since(mark)
+    edge_figures = {}
+    if edge is not None and edge_tree is not None:
+        edge_figures = {"edge_cpu_s": round(edge_tree.stop().cpu_s, 2), "edge_bytes": edge.bytes_since(edge_mark)}
     same = sum(1 for s in sizes if s == sizes[0])
     walls.sort()
     return {"clones": n, "jobs": jobs, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
             "clone_wall_p50_s": round(walls[len(walls) // 2], 2), "clone_wall_max_s": round(walls[-1], 2),
-            "check": f"raw clients: {same}/{n} answers of the first's length", **_bytes(recs)}
+            "check": f"raw clients: {same}/{n} answers of the first's length", **_bytes(recs), **edge_figures}
 
 
 def _git_version(git: str) -> str:
@@ -290,7 +296,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             storms = {}
             if args.storm:
                 for kind in ("inline", "uris"):
-                    storms[kind] = (_raw_storm(kind, url, target, server_refs, args.storm, args.jobs) if args.raw
+                    storms[kind] = (_raw_storm(kind, url, target, server_refs, args.storm, args.jobs, edge) if args.raw
                                     else _storm(kind, url, tmp, target, server_refs, args.storm, args.jobs, edge))
             log = target.log_text()
         finally:
