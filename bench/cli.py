@@ -322,7 +322,8 @@ def cmd_run(args) -> int:
 # storms it is for, the push workloads beside them, the busy repository
 # (Aspen as an operator runs it) and fairness (its requests are cold anyway). The others measure a
 # computation that a cache would answer from the second repetition on.
-CACHED_WORKLOADS = frozenset({"storm-depth1", "storm-warm", "writers", "clone-concurrency", "busy-repo", "fairness"})
+CACHED_WORKLOADS = frozenset({"storm-depth1", "storm-warm", "writers", "clone-concurrency", "busy-repo", "fairness",
+                              "offload-storm"})
 
 
 def _trunk(source: Path) -> str:
