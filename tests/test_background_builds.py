@@ -314,14 +314,15 @@ def _depth1_builds(path: Path) -> list[Proc]:
 
 
 def test_rm_rf_right_after_a_cgi_depth1_clone_leaves_nothing(tmp_path, cgi_server_factory):
-    """A depth-1 clone through aspen-cgi starts the detached wide depth-1
-    build; the repository deleted at once, that build (and whatever else
-    works for it) ends without re-creating anything of it."""
+    """A depth-1 clone asked for a second time through aspen-cgi starts the
+    detached wide depth-1 build; the repository deleted at once, that build
+    (and whatever else works for it) ends without re-creating anything of it."""
     root = tmp_path / "root"
     root.mkdir()
     server = cgi_server_factory(root, program="aspen", ASPEN_RUN_DIR=str(tmp_path / "run"))
     repo = h.make_history(root / "shallow.git", commits=6)
-    h.git("clone", "-q", "--depth", "1", "--bare", f"{server.url}/shallow.git", str(tmp_path / "clone.git"))
+    for name in ("clone.git", "again.git"):
+        h.git("clone", "-q", "--depth", "1", "--bare", f"{server.url}/shallow.git", str(tmp_path / name))
     started = list((repo / "aspen" / "cache").glob(".*.wide.lock.tmp"))
     shutil.rmtree(repo, onerror=lambda *a: None)           # at once; what races it is the guard's to clear
     assert started, "the depth-1 clone started no wide build"

@@ -6,11 +6,13 @@ CGI program), stock `git http-backend` beside them.
 What each case gets:
 - the first depth-1 clone: stock's exact pack bytes, no packObjectsHook run
   (the background build is held back by the machine-wide lock this test
-  holds, so any hook run in the git trace would be the request's);
+  holds, so any hook run in the git trace would be the request's), and no
+  wider build for an answer asked for once;
+- the second: a hit on git's entry, which starts the wider build;
 - once the background build has replaced the entry (its header says wide):
   the next depth-1 clone is a hit with the wide pack, smaller or equal;
 - concurrent depth-1 clones at the first moment: all succeed, all stock's
-  bytes, one computation;
+  bytes, one computation, and the wider build starts;
 - under CGI the build runs detached and replaces the entry just the same;
 - after `aspen import` the depth-1 clone of HEAD is pre-warmed (wide): the
   first clone is a hit.
@@ -93,9 +95,14 @@ def _state(entry: Path):
     return None if h is None else h.depth1
 
 
+def _lock_file(entry: Path) -> Path:
+    """The file a wider build of ENTRY is started by making (fetch/depth1.kick)."""
+    return entry.parent / f".{entry.name[:-len('.entry')]}.wide.lock.tmp"
+
+
 def _build_waiting(entry: Path) -> bool:
     """Has the background build of ENTRY started (it holds the entry's lock)?"""
-    lock = entry.parent / f".{entry.name[:-len('.entry')]}.wide.lock.tmp"
+    lock = _lock_file(entry)
     try:
         fd = os.open(lock, os.O_RDONLY)
     except FileNotFoundError:
@@ -152,14 +159,19 @@ def test_first_depth1_clone_is_stocks_then_the_wide_pack_replaces_it(groot, tmp_
         assert first == stock_pack, "the cold answer is git's plain pack, byte for byte"
         entry = _entry(groot)
         assert _state(entry) == DEPTH1_STOCK
+        assert not _lock_file(entry).exists(), "no wider build for an answer asked for once"
+        again = _clone(f"{aspen.url}/repo.git", tmp_path / "again", repo)
+        line = _settled(aspen, 2)[-1]
+        assert (line["cache"], line["depth1"]) == ("hit", "stock"), line
+        assert again == stock_pack
         _wait("the background build to start", lambda: _build_waiting(entry))
-        assert _hook_runs(tmp_path) == 0, "no packObjectsHook ran for the request"
+        assert _hook_runs(tmp_path) == 0, "no packObjectsHook ran for the requests"
     finally:
         held.release()
     _wait("the wide entry", lambda: _state(entry) == DEPTH1_WIDE)
     assert _hook_runs(tmp_path) >= 1, "the background build went through the hook"
     second = _clone(f"{aspen.url}/repo.git", tmp_path / "second", repo)
-    line = _settled(aspen, 2)[-1]
+    line = _settled(aspen, 3)[-1]
     assert (line["cache"], line["depth1"]) == ("hit", "wide"), line
     assert len(second) < len(first), (len(second), len(first))
     assert refs_of(str(tmp_path / "second")) == refs_of(str(tmp_path / "first"))
@@ -168,7 +180,7 @@ def test_first_depth1_clone_is_stocks_then_the_wide_pack_replaces_it(groot, tmp_
                       .stdout.decode().split()[1::3]) for d in ("first", "second")]
     assert objects[0] == objects[1]
     s = _stats(repo)
-    assert s["cold"] == 1 and s["hits"] == 1 and s["depth1_wide"] == 1, s
+    assert s["cold"] == 1 and s["hits"] == 2 and s["depth1_wide"] == 1, s
 
 
 def _stats(repo: Path) -> dict:
@@ -218,11 +230,15 @@ def test_cgi_builds_the_wide_pack_detached(groot, tmp_path, cgi_server_factory):
     aspen = cgi_server_factory(groot, "aspen", **_env(tmp_path))
     first = _clone(f"{aspen.url}/repo.git", tmp_path / "first", repo)
     entry = _entry(groot)
+    # the CGI program has exited, its producer thread with it: had it started a build, the file would be there
+    assert not _lock_file(entry).exists() and _state(entry) == DEPTH1_STOCK
+    again = _clone(f"{aspen.url}/repo.git", tmp_path / "again", repo)
+    assert again == first
     _wait("the wide entry", lambda: _state(entry) == DEPTH1_WIDE)
     second = _clone(f"{aspen.url}/repo.git", tmp_path / "second", repo)
     assert len(second) < len(first)
     marks = [(x["cache"], x["depth1"]) for x in _fields(aspen)]
-    assert marks == [("cold", "stock"), ("hit", "wide")], marks
+    assert marks == [("cold", "stock"), ("hit", "stock"), ("hit", "wide")], marks
 
 
 def test_a_wide_pack_not_smaller_keeps_stocks(root, tmp_path, server_factory):
@@ -242,10 +258,11 @@ def test_a_wide_pack_not_smaller_keeps_stocks(root, tmp_path, server_factory):
     aspen = server_factory(root, **_env(tmp_path, ASPEN_DEPTH1_WINDOW="0"))
     first = _clone(f"{aspen.url}/repo.git", tmp_path / "first", repo)
     entry = _entry(root)
+    assert _clone(f"{aspen.url}/repo.git", tmp_path / "again", repo) == first     # asked again: the build starts
     _wait("the build's verdict", lambda: _state(entry) != DEPTH1_STOCK)
     assert _state(entry) == DEPTH1_STOCK_KEPT
     second = _clone(f"{aspen.url}/repo.git", tmp_path / "second", repo)
-    line = _settled(aspen, 2)[-1]
+    line = _settled(aspen, 3)[-1]
     assert (line["cache"], line["depth1"]) == ("hit", "stock-kept"), line
     assert second == first
     assert _stats(repo)["depth1_kept"] == 1

@@ -110,6 +110,7 @@ class _Progress:
         self.spill_at: Optional[int] = None
         self.spill: list[bytes] = []
         self.error: Optional[BaseException] = None      # why the computation stopped, if it raised
+        self.asked_again = False    # a second request of this process followed the computation
 
     def advance(self, n: int, ended: bool = False) -> None:
         with self.cond:

@@ -3,8 +3,9 @@
 A client's `git clone --depth 1` that misses the response cache is answered
 by git's own upload-pack (no packObjectsHook: stock's speed and bytes),
 single-flight through the cache as any answer; its entry is marked interim
-(`depth1=stock`). Once it is complete, `kick()` starts the wide answer's
-computation (upload-pack through packhook: a wider delta search and
+(`depth1=stock`). Once a second request asks for it (a hit on the interim
+entry, or a request that followed its computation: cache/responses.py),
+`kick()` starts the wide answer's computation (upload-pack through packhook: a wider delta search and
 libdeflate) beside it: a thread at niceness 10 in a long-lived server
 (packs.background.IN_PROCESS), a detached `python -m aspen_cgi.fetch.depth1`
 at niceness 10 under CGI; git and the hook inherit the niceness and run
