@@ -413,3 +413,33 @@ def test_a_replayed_answer_loads_only_the_replay_path(repo):
     if os.environ.get("ASPEN_TEST_REFSTORE") == "postgresql":
         banned -= {"json", "urllib.parse"}      # psycopg's own imports: a PostgreSQL store's start-up pays them
     assert not pipeline & banned
+
+
+def test_two_requests_whose_keys_once_shared_a_slot_are_both_kept(repo, monkeypatch):
+    """An entry's file is named by its key's whole CRC-32: two requests whose
+    keys agree in the low byte (one of 256 names before, so that each record
+    replaced the other's, and a poller alternating them was never replayed)
+    are both recorded and both looked up. Past SLOTS entries the oldest go."""
+    import zlib
+
+    from aspen_cgi.http import replay
+    root, bare, home = repo
+    (bare / "aspen").mkdir()                                # the state directory a first request makes
+    _age(bare, home)
+    base = _env(root, home)
+    first = dict(base, HTTP_X_PROBE="0")
+    low = zlib.crc32(replay._key(first, b"")) & 0xFF
+    n = 1
+    while zlib.crc32(replay._key(second := dict(base, HTTP_X_PROBE=str(n)), b"")) & 0xFF != low:
+        n += 1
+    trace = {"repo": "/r.git", "service": "upload-pack"}
+    now = time.time_ns()
+    for env, text in ((first, b"first\n"), (second, b"second\n")):
+        assert replay.record(env, b"", str(bare), b"Status: 200 OK\r\n\r\n", text, trace, now) == ""
+    assert replay.lookup(first).body == b"first\n" and replay.lookup(second).body == b"second\n"
+    monkeypatch.setattr(replay, "SLOTS", 2)
+    third = dict(base, HTTP_X_PROBE="third")
+    os.utime(bare / "aspen" / "replay" / replay._slot(replay._key(first, b"")), ns=(now - 10**9, now - 10**9))
+    assert replay.record(third, b"", str(bare), b"Status: 200 OK\r\n\r\n", b"third\n", trace, now) == ""
+    assert replay.lookup(first) is None                     # the oldest went
+    assert replay.lookup(second).body == b"second\n" and replay.lookup(third).body == b"third\n"

@@ -71,7 +71,7 @@ def _isdir(path: str) -> bool:
 MAGIC = b"aspen-replay 1\n"
 MAX_BODY = 1 << 20          # request bodies larger than this are not looked up
 MAX_ANSWER = 4 << 20        # answers larger than this are not recorded
-SLOTS = 256                 # entries per repository at most (by key checksum)
+SLOTS = 256                 # entries per repository at most: recording past it removes the oldest
 SUFFIXES = ("/.git", "", ".git/.git", ".git")   # enter_repo's order (http/paths.py)
 
 # What varies per client or per connection and never changes an advertisement or ls-refs answer.
@@ -173,7 +173,7 @@ def listings(state: str) -> list[tuple[dict, bytes]]:
     per client, and body. What http/replayrefresh.py computes again after a push."""
     directory = _join(state, "replay")
     try:
-        names = sorted(n for n in posix.listdir(directory) if len(n) == 2)
+        names = sorted(n for n in posix.listdir(directory) if _is_entry(n))
     except OSError:
         return []
     out = []
@@ -194,7 +194,36 @@ def listings(state: str) -> list[tuple[dict, bytes]]:
 
 
 def _slot(key: bytes) -> str:
-    return f"{zlib.crc32(key) % SLOTS:02x}"
+    """The entry's file name: the key's whole CRC-32. Two requests a poller
+    alternates (an advertisement and an ls-refs) once shared one of 256
+    names 1 time in 256, and each record replaced the other's."""
+    return f"{zlib.crc32(key):08x}"
+
+
+def _is_entry(name: str) -> bool:
+    return len(name) == 8 and not name.startswith(".")
+
+
+def _bound(directory: str, keep: str) -> None:
+    """At most SLOTS entries in DIRECTORY: the oldest recorded go (KEEP, just
+    written, stays). A lock file of a removed entry's flight stays: it is
+    empty and taken again by name."""
+    try:
+        names = [n for n in posix.listdir(directory) if _is_entry(n)]
+        if len(names) <= SLOTS:
+            return
+        aged = []
+        for n in names:
+            try:
+                aged.append((posix.stat(_join(directory, n)).st_mtime_ns, n))
+            except OSError:
+                continue
+        aged.sort()
+        for _, n in aged[:len(aged) - SLOTS]:
+            if n != keep:
+                posix.unlink(_join(directory, n))
+    except OSError:
+        pass
 
 
 def _stat_key(path: str) -> str:
@@ -413,6 +442,7 @@ def record(env: Mapping[str, str], body: bytes, gitdir: str, head: bytes, answer
         with open(tmp, "wb") as f:
             f.write(data)
         posix.replace(tmp, _join(directory, _slot(key)))
+        _bound(directory, _slot(key))
     except OSError:
         try:
             posix.unlink(tmp)
