@@ -21,12 +21,12 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import threading
 import time
 from typing import Mapping, Optional
 
 from .. import settings as aspen_settings
 from ..git import gitexec
+from .afterpush import detach, held, start
 from .bundle import DIRECTORY
 from .demand import BUNDLE_DEMAND_FILE, demanded
 
@@ -121,24 +121,13 @@ def run(gitdir: str, env: Mapping[str, str]) -> list[str]:
 
 def running(directory: str) -> bool:
     """Whether a keeper holds the mutex in the bundles DIRECTORY."""
-    try:
-        fd = os.open(os.path.join(directory, MUTEX), os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return held(os.path.join(directory, MUTEX))
 
 
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     """After a push, where bundles are taken (`wanted`): a low-priority thread
     here, or a detached program, unless a keeper of the repository runs.
     Whether one started."""
-    from ..runtime.repoguard import RepositoryGone  # startup
     config = aspen_settings.of(env)
     if not wanted(gitdir, config):
         return False
@@ -147,25 +136,10 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
         return False
     child = gitexec.child_env(env).without("GIT_NAMESPACE")
     if in_process:
-        def work() -> None:
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            except (OSError, AttributeError):
-                pass
-            gitexec.run_as_background()
-            try:
-                run(gitdir, child)
-            except RepositoryGone:
-                pass
-            except Exception as e:   # a background nicety: the server's log says why, nothing fails
-                sys.stderr.write(f"aspen: keeping the bundle of {gitdir} failed: {e}\n")
-            finally:
-                from ..refstore.registry import release_thread  # startup
-                release_thread()
-        threading.Thread(target=work, name="aspen-bundlekeep", daemon=True).start()
+        start(lambda: run(gitdir, child), "keeping the bundle", "aspen-bundlekeep", gitdir)
         return True
     child["ASPEN_BUNDLE_GITDIR"] = gitdir
-    gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.bundlekeep"], env=child)
+    detach("aspen_cgi.fetch.bundlekeep", child)
     return True
 
 

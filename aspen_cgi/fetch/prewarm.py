@@ -38,7 +38,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import threading
 import time
 from typing import Mapping, Optional
 
@@ -46,6 +45,7 @@ from .. import settings as aspen_settings
 from ..git import gitexec
 from ..model.objectid import ZERO, is_null
 from ..protocol import pktline
+from .afterpush import detach, held, start
 from .demand import demanded
 
 MUTEX = "prewarm.mutex"     # in the cache directory: held by the running pre-warmer of its repository
@@ -212,17 +212,7 @@ def run(gitdir: str, env: Mapping[str, str]) -> int:
 def running(directory: str) -> bool:
     """Whether a pre-warmer holds the mutex in the cache DIRECTORY: it warms
     every version that lands before it lets go (run)."""
-    try:
-        fd = os.open(os.path.join(directory, MUTEX), os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return held(os.path.join(directory, MUTEX))
 
 
 def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
@@ -232,7 +222,6 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
     push, each to find the mutex held: an interpreter's start of CPU each).
     Whether one started."""
     from ..cache import responses  # startup
-    from ..runtime.repoguard import RepositoryGone  # startup
     from ..runtime.statedir import state_dir  # startup
     config = aspen_settings.of(env)
     sdir = state_dir(gitdir, config)
@@ -243,25 +232,10 @@ def kick(gitdir: str, env: Mapping[str, str], in_process: bool) -> bool:
         return False
     child = gitexec.child_env(env).without("GIT_NAMESPACE")
     if in_process:
-        def work() -> None:
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)   # this thread and its children
-            except (OSError, AttributeError):
-                pass
-            gitexec.run_as_background()        # its git children in the idle scheduling class
-            try:
-                run(gitdir, child)
-            except RepositoryGone:
-                pass                 # deleted or replaced: nothing to warm, nothing left behind
-            except Exception as e:   # a background nicety: the server's log says why, nothing fails
-                sys.stderr.write(f"aspen: pre-warm of {gitdir} failed: {e}\n")
-            finally:
-                from ..refstore.registry import release_thread  # startup
-                release_thread()
-        threading.Thread(target=work, name="aspen-prewarm", daemon=True).start()
+        start(lambda: run(gitdir, child), "pre-warm", "aspen-prewarm", gitdir)
         return True
     child["ASPEN_PREWARM_GITDIR"] = gitdir
-    gitexec.detached([sys.executable, "-m", "aspen_cgi.fetch.prewarm"], env=child)
+    detach("aspen_cgi.fetch.prewarm", child)
     return True
 
 
