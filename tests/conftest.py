@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,11 +49,26 @@ def _pg_database() -> str:
     return pgserver.server().create_database(f"aspen_{worker}")
 
 
+# Threads an in-process server (the WSGI application in this process) starts for later answers;
+# they read the test's store until they end.
+BACKGROUND_THREADS = {"aspen-packs", "aspen-prewarm", "aspen-bundlekeep", "aspen-depth1-wide",
+                      "aspen-cache-producer", "aspen-import"}
+
+
+def _background_threads_ended(timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    for t in threading.enumerate():
+        if t.name in BACKGROUND_THREADS:
+            t.join(max(0.0, deadline - time.monotonic()))
+            assert not t.is_alive(), f"the background thread {t.name} ran on for {timeout} s after the test"
+
+
 @pytest.fixture(autouse=PG_MODE)
 def refstore_in_postgresql(tmp_path: Path):
     """Stores are known by their repositories' absolute paths (no
     ASPEN_CLUSTER): those under this test's directory are dropped after it."""
     yield
+    _background_threads_ended()
     from aspen_cgi.refstore import db, db_postgres, pgconn, registry
     conn = pgconn.PgConn(os.environ["ASPEN_REFSTORE_URL"], "public", 2, db.PG_USE_SCHEMA)
     db_postgres.pg_init(conn)

@@ -90,6 +90,14 @@ def kill9_server(server: h.Server) -> None:
     server.proc.wait(timeout=30)
 
 
+def wait_out_of_tree(pid: int, master: int, timeout: float = 30) -> None:
+    """Wait until PID, started by a worker that has died, is no longer under MASTER."""
+    deadline = time.monotonic() + timeout
+    while pid in _descendants(master):
+        assert time.monotonic() < deadline, f"{pid} is still under the server {timeout} s after its worker died"
+        time.sleep(0.01)
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -280,6 +288,9 @@ def test_kill9_with_stale_lock_needs_no_manual_steps(root, server_factory, tmp_p
     srv = start(server_factory, root, tmp_path, "store-committed", ASPEN_GIT=str(wrapper),
                 STALE_ARM=str(stale / "arm"), STALE_DIR=str(stale), **NO_KEEPALIVE)
     work = pk.clone(f"{srv.url}/repo.git", tmp_path / "work")
+    # no background work left in the server: another worker's builder opening the store would
+    # roll the push forward (and drop the locks) before the test has looked at them
+    h.wait_builder_done(repo)
     if change == "update":
         ref, new = "refs/heads/main", pk.commit(work, "crash with the lock held")
         held = ["HEAD.lock", "refs/heads/main.lock"]      # HEAD names main: git locks both
@@ -293,9 +304,12 @@ def test_kill9_with_stale_lock_needs_no_manual_steps(root, server_factory, tmp_p
     assert p.returncode != 0 and not told_ok(p.stdout.decode()), seen
     assert not (tmp_path / "fault-once-store-committed").exists(), f"the fault did not fire\n{seen}"
     assert not (stale / "arm").exists(), f"the push did not go through `git update-ref`\n{seen}"
-    kill9_server(srv)
     git_pid = int((stale / "git.pid").read_text())
     wrapper_pid = int((stale / "wrapper.pid").read_text())
+    # the client sees the worker's socket close before the kernel has handed the worker's
+    # children to init: killing the server's tree meanwhile would kill the wrapper too
+    wait_out_of_tree(wrapper_pid, srv.proc.pid)
+    kill9_server(srv)
     try:
         assert _alive(git_pid), "git update-ref should still hold its locks"
     finally:
