@@ -49,16 +49,11 @@ def _pg_database() -> str:
     return pgserver.server().create_database(f"aspen_{worker}")
 
 
-# Threads an in-process server (the WSGI application in this process) starts for later answers;
-# they read the test's store until they end.
-BACKGROUND_THREADS = {"aspen-packs", "aspen-prewarm", "aspen-bundlekeep", "aspen-depth1-wide",
-                      "aspen-cache-producer", "aspen-import"}
-
-
 def _background_threads_ended(timeout: float = 60) -> None:
+    """The in-process server's background threads have ended: they read the test's store until then."""
     deadline = time.monotonic() + timeout
     for t in threading.enumerate():
-        if t.name in BACKGROUND_THREADS:
+        if t.name in harness.BACKGROUND_THREADS:
             t.join(max(0.0, deadline - time.monotonic()))
             assert not t.is_alive(), f"the background thread {t.name} ran on for {timeout} s after the test"
 

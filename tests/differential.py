@@ -473,14 +473,13 @@ def compare(env: dict, body: bytes = b"", *, mode: str = "exact", stderr: Option
     return check_trio(s, a, w, mode=mode, stderr=stderr, status=status, repo=repo, request=body)
 
 
-BACKGROUND_THREADS = ("aspen-packs", "aspen-prewarm", "aspen-depth1-wide")   # the WSGI application's, in this process
 
 
 def _background_work(path: Path) -> list:
     """Aspen's background work that may still write under PATH: detached
     builders and pre-warmers there (aspen-cgi's), and this process's
     background threads (the WSGI application's, which name no repository)."""
-    return h.working_on(path) + [t.name for t in threading.enumerate() if t.name in BACKGROUND_THREADS]
+    return h.working_on(path) + [t.name for t in threading.enumerate() if t.name in h.BACKGROUND_THREADS]
 
 
 def _remove_after_background_work(path: Path, timeout: float = 60.0) -> None:

@@ -29,6 +29,10 @@ STOCK = "/usr/lib/git-core/git-http-backend"
 ASPEN_CGI = str(Path(sys.executable).parent / "aspen-cgi")
 GUNICORN = str(Path(sys.executable).parent / "gunicorn")
 
+# Threads the WSGI application starts for later answers when a test serves it in this process.
+BACKGROUND_THREADS = frozenset({"aspen-packs", "aspen-prewarm", "aspen-bundlekeep", "aspen-depth1-wide",
+                                "aspen-cache-producer", "aspen-import"})
+
 BASE_ENV = {
     "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
     "HOME": os.environ.get("HOME", "/root"),
