@@ -134,6 +134,7 @@ class ClusterStack:
         self.pg = pgserver.private()
         self.nodes: list[tuple[subprocess.Popen, int, Path, Path]] = []     # (proc, port, log, root)
         self.nginx: Optional[subprocess.Popen] = None
+        self.nginx_dir: Optional[Path] = None
         try:
             self.url = self.pg.create_database("cluster")
             self.packs = self.workdir / "packstore"
@@ -207,6 +208,8 @@ class ClusterStack:
                 self.nginx.kill()
         for proc, _, _, _ in self.nodes:
             _terminate(proc)
+        if self.nginx_dir is not None:
+            shutil.rmtree(self.nginx_dir, ignore_errors=True)
         self._pgserver.remove(self.pg)
 
 

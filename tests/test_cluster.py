@@ -79,6 +79,7 @@ class Cluster:
         self.packs.mkdir()
         self.nodes: list[h.Server] = []
         self.nginx = None
+        self.nginx_dir: Optional[Path] = None
         self.port = 0
 
     def env(self, node: Optional[h.Server] = None) -> dict:
@@ -115,7 +116,7 @@ class Cluster:
         return self.nodes[i]
 
     def start_nginx(self, nodes: list[h.Server]) -> None:
-        self.nginx, self.port, _ = cluster_bench.start_nginx([f"{n.address}:{n.port}" for n in nodes], USER,
+        self.nginx, self.port, self.nginx_dir = cluster_bench.start_nginx([f"{n.address}:{n.port}" for n in nodes], USER,
                                                              PASSWORD)
 
     def front(self, repo: str, auth: bool = False) -> str:
@@ -132,6 +133,8 @@ class Cluster:
             pgserver.remove(self.pg)
         finally:
             self.net.close()
+            if self.nginx_dir is not None:
+                shutil.rmtree(self.nginx_dir, ignore_errors=True)
 
 
 def three_nodes(base: Path, mode: str) -> Iterator[Cluster]:
