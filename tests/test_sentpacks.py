@@ -133,6 +133,36 @@ def test_a_pack_with_objects_the_server_had_is_built_instead(root, server_factor
     assert h.refs_of(str(fresh)) == h.refs_of(str(repo))
 
 
+def test_a_pack_kept_after_its_version_was_built_is_removed(root, server_factory, tmp_path):
+    """A push keeps its client's pack just after its version lands; a build
+    already running can look for it before that and build the pack with git.
+    The pack kept late is then removed by whichever comes second: the build
+    (at the end of its run) or the push (when it looks for packs to adopt).
+    Both orders are made here by putting the pack in place by hand."""
+    from aspen_cgi.packs import builder
+    from aspen_cgi.packs.sentpack import listing_path
+    from aspen_cgi.refstore.registry import sent_pack_path
+    repo = pk.enable_push(root / "repo.git")
+    server = server_factory(root)
+    work = tmp_path / "work"
+    h.git("clone", "-q", server.url + "/repo.git", str(work))
+    _commit(work, "late.txt", "late\n" * 30)
+    h.git("push", "-q", "origin", "HEAD:refs/heads/late", cwd=str(work))
+    store = RefStore.open(Repository.of(str(repo), dict(os.environ)), create=False)
+    _settled(store)
+    push_id = h.versions(repo)[-1]["push_id"]
+    assert push_id and store.push_built(push_id)
+    late = Path(sent_pack_path(store.packs_dir, push_id))
+    kept_by_another = Path(sent_pack_path(store.packs_dir, "not-a-push-of-this-store"))
+    for second in (lambda: builder.build_packs(store), lambda: background.adopt_now(store)):
+        late.write_bytes(b"PACK kept after the build")
+        Path(listing_path(str(late))).write_bytes(b"its listing")
+        kept_by_another.write_bytes(b"PACK of a push not landed")
+        second()
+        assert not late.exists() and not os.path.exists(listing_path(str(late)))
+        assert kept_by_another.exists(), "a pack whose push made no version here is not removed"
+
+
 def _entry(type_code: int, body: bytes) -> bytes:
     return encode_entry_header(type_code, len(body)) + zlib.compress(body)
 

@@ -282,6 +282,7 @@ def adopt_now(store) -> bool:
     from . import builder  # startup
     backlog = quick_backlog(store)
     if backlog is None:
+        builder.drop_sent_of_built(store)      # built by a build that looked before the push kept its pack
         return True
     if not backlog:
         return False

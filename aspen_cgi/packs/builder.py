@@ -55,6 +55,7 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
     later = later or search
     todo = store.unbuilt(limit or (1 << 62))
     if not todo:
+        drop_sent_of_built(store)
         return []
     values = store.refs_before(todo[0])
     out: list[tuple[int, Optional[BuiltPack]]] = []
@@ -106,6 +107,27 @@ def build_packs(store: RefStore, search: Optional[DeltaSearch] = None, limit: Op
                 values[u.ref] = u.new
     if progress:
         progress(len(todo), len(todo), todo[-1])
+    drop_sent_of_built(store)
+    return out
+
+
+def drop_sent_of_built(store: RefStore) -> list[str]:
+    """Remove the packs pushes kept for versions that have their packs. A
+    push keeps its client's pack just after its versions land, so a build
+    running then can look before it is there and make the pack with git;
+    whichever of the two comes second (this after the build, or after the
+    push's keep) removes it. The paths removed."""
+    try:
+        names = os.listdir(store.packs_dir)
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.startswith(SENT_PREFIX) and n.endswith(".pack") and store.push_built(n[len(SENT_PREFIX):-len(".pack")]):
+            path = os.path.join(store.packs_dir, n)
+            _unlink(path)
+            _unlink(listing_path(path))
+            out.append(path)
     return out
 
 

@@ -822,6 +822,14 @@ def record_pack(conn: Conn, version: int, name: str, objects: int, size: int, at
                      [(version, c) for c in boundary])
 
 
+def push_built(conn: Conn, push_id: str) -> bool:
+    """Whether the push PUSH_ID made versions and each has its pack row."""
+    made, built = conn.execute("SELECT count(*), count(p.version) FROM versions v"
+                               " LEFT JOIN version_packs p ON p.version = v.id WHERE v.push_id = ?",
+                               (push_id,)).fetchone()
+    return bool(made) and made == built
+
+
 def version_pack(conn: Conn, version: int) -> Optional[tuple[str, int, int]]:
     """(name, objects, size) of VERSION's pack, if built."""
     return conn.execute("SELECT name, objects, size FROM version_packs WHERE version = ?", (version,)).fetchone()

@@ -662,6 +662,10 @@ class RefStore:
         path = registry.sent_pack_path(self.packs_dir, push_id)
         return path if os.path.exists(path) else None
 
+    def push_built(self, push_id: str) -> bool:
+        """Whether every version the push PUSH_ID made has its pack."""
+        return db.push_built(self.conn, push_id)
+
     def record_version_pack(self, version: int, built: Optional[PackFacts], boundary: BoundaryFacts,
                             how: SearchFacts) -> None:
         """Record VERSION's pack (BUILT; None: the version has no new values), built
