@@ -9,7 +9,9 @@ not move (compaction waits for ASPEN_COMPACT_QUIET_MS), and a keeper waits
 for the burst to end as compaction does.
 
 One keeper per repository at a time (a flock on `bundles/keeper.mutex`);
-it looks at the newest version again before it stops. A thread of a
+it waits while a builder runs or one is due (a version without its pack, a
+segment run the schedule asks for), and looks at the newest version again
+after letting the mutex go (a push meanwhile found it held). A thread of a
 long-lived server, or `python -m aspen_cgi.fetch.bundlekeep` started
 detached by a CGI push, at niceness 10 with its git children in the idle
 scheduling class. It never outlives its repository (a RepoGuard, as the
@@ -60,11 +62,20 @@ def _build(gitdir: str, env: Mapping[str, str], store, version: int) -> Optional
         return None
 
 
+def _compaction_due(store, config: aspen_settings.Settings) -> bool:
+    """A builder runs, or is still to come for what the last pushes left: a
+    version without its pack or a segment run the schedule asks for (a
+    builder a CGI push started may not have taken its lock yet)."""
+    from ..packs import background, builder  # startup
+    if background.running(store.packs_dir):
+        return True
+    return background.enabled(config) and (not store.all_packs_built() or bool(builder.segments_to_build(store)))
+
+
 def run(gitdir: str, env: Mapping[str, str]) -> list[str]:
     """Keep the advertised bundle built until no newer one is due; the bundle
     files built. [] at once when another keeper of the repository runs.
     Raises RepositoryGone when the repository went meanwhile."""
-    from ..packs import background  # startup
     from ..refstore.guarded import open_store  # startup
     from ..runtime.repoguard import RepoGuard, RepositoryGone, abandon  # startup
     from ..runtime.repository import Repository  # startup
@@ -85,31 +96,35 @@ def run(gitdir: str, env: Mapping[str, str]) -> list[str]:
         if not os.path.isdir(directory):
             guard.mkdir(directory)
         guard.watch(directory)
-        lock = os.open(os.path.join(directory, MUTEX), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
+        deadline = time.monotonic() + MAX_WAIT_S
+        done, seen = -1, -1
+        while True:
+            lock = os.open(os.path.join(directory, MUTEX), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return built
+                while time.monotonic() < deadline:
+                    guard.check()
+                    seen = store.sync()
+                    wait = config.compact_quiet - (time.time() - store.latest_at())
+                    if wait > 0 or _compaction_due(store, config):
+                        time.sleep(min(max(wait, POLL_S), POLL_S))
+                        continue
+                    version = bundle_version(store)
+                    if version < 1 or version == done:
+                        break
+                    path = _build(gitdir, env, store, version)
+                    done = version
+                    if path is not None:
+                        built.append(path)
+            finally:
+                os.close(lock)
+            # a push that landed before the mutex was let go found it held and started no
+            # keeper (kick): this one looks once more
+            if store.sync() == seen or time.monotonic() >= deadline:
                 return built
-            deadline = time.monotonic() + MAX_WAIT_S
-            done = -1
-            while time.monotonic() < deadline:
-                guard.check()
-                store.sync()
-                wait = config.compact_quiet - (time.time() - store.latest_at())
-                if wait > 0 or background.running(store.packs_dir):
-                    time.sleep(min(max(wait, POLL_S), POLL_S))
-                    continue
-                version = bundle_version(store)
-                if version < 1 or version == done:
-                    break
-                path = _build(gitdir, env, store, version)
-                done = version
-                if path is not None:
-                    built.append(path)
-        finally:
-            os.close(lock)
-        return built
     except Exception:
         if guard.alive():
             raise
