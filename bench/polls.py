@@ -255,14 +255,19 @@ class Stack:
         import signal
         for name in ("nginx", "fcgiwrap", "gunicorn"):
             p = self.procs.get(name)
-            if p is None or p.poll() is not None:
+            if p is None:
                 continue
-            p.terminate()
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:        # each started in a session of its own: what is left of it (fcgiwrap's -c children)
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 # -- the client ---------------------------------------------------------------------------------------
