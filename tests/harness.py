@@ -527,6 +527,25 @@ def wait_packs_built(repo: Path, timeout: float = 120) -> None:
         store.sync()
 
 
+def fetch_lines(server, since: int = 0, needle: str = " plan=", timeout: float = 30) -> list[str]:
+    """The upload-pack POST access lines after the first SINCE, once the last
+    is a fetch's (it names its plan, NEEDLE). The client can have every byte
+    before the server writes the line, so until then the last line is an
+    earlier one (ls-refs, a negotiation round); waits up to TIMEOUT s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = re.findall(r"service=upload-pack method=POST .*", server.log_text())[since:]
+        if lines and needle in lines[-1] or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+def last_fetch_line(server) -> str:
+    """The access line of the fetch a client just made (fetch_lines)."""
+    lines = fetch_lines(server)
+    return lines[-1] if lines else ""
+
+
 def wait_builder_done(repo: Path, timeout: float = 120) -> None:
     """wait_packs_built, then until the background builder has finished all it
     will do without a new push: compaction's segment packs and the import's

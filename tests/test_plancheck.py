@@ -12,7 +12,6 @@ base the client may lack is refused."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from aspen_cgi.fetch import plancheck
@@ -188,7 +187,7 @@ def test_a_checked_candidate_is_served_end_to_end_and_a_rewrite_goes_to_git(root
         h.git("-c", "protocol.version=2", "fetch", "-q", "origin", "+refs/heads/a:refs/heads/a", cwd=str(client))
         h.fsck_strict(str(client))
         assert h.out("rev-parse", "refs/heads/a", cwd=str(client)) == a2
-        last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
+        last = h.last_fetch_line(server)
         if rewrite:
             assert "plan=fallback" in last and "checked=overlap" in last, last
         else:
@@ -222,7 +221,7 @@ def test_a_client_behind_the_import_gets_gits_listing_of_the_import_pack(root, s
     h.git("-c", "protocol.version=2", "fetch", "-q", "aspen", "+refs/heads/main:refs/heads/main", cwd=str(client))
     h.fsck_strict(str(client))
     assert h.out("rev-parse", "refs/heads/main", cwd=str(client)) == pk.rev(repo, "refs/heads/main")
-    last = re.findall(r"service=upload-pack method=POST .*", server.log_text())[-1]
+    last = h.last_fetch_line(server)
     assert "plan=planned" in last and "checked=subset" in last, last
 
 

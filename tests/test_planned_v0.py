@@ -119,7 +119,7 @@ def test_v0_clone_is_planned_and_equals_stock(version, fleet, cgi_server_factory
     client = _mirror(fleet.url, tmp_path / "client.git", version)
     h.fsck_strict(str(client))
     assert h.refs_of(str(client)) == h.refs_of(str(fleet.repo))
-    last = _posts(fleet.server.log_text())[-1]
+    last = h.last_fetch_line(fleet.server)
     assert "plan=planned why=done" in last and re.search(r"extents=\d+ objects=\d+", last), last
     stock = cgi_server_factory(fleet.root, "stock")
     other = _mirror(stock.url + "/repo.git", tmp_path / "stock.git", version)
@@ -134,7 +134,7 @@ def test_v0_warm_fetch_one_push_behind_is_one_planned_post(fleet, cgi_server_fac
     fleet.push_main("c3")
     before = len(_posts(fleet.server.log_text()))
     _git(0, "fetch", "-q", fleet.url, "+refs/*:refs/*", cwd=client)
-    posts = _posts(fleet.server.log_text())[before:]
+    posts = h.fetch_lines(fleet.server, before)
     assert len(posts) == 1 and "plan=planned why=no-done" in posts[0], posts
     h.fsck_strict(str(client))
     assert h.refs_of(str(client)) == h.refs_of(str(fleet.repo))
@@ -156,7 +156,7 @@ def test_v0_local_commits_go_to_git_and_the_fetch_is_right(fleet, cgi_server_fac
     new = fleet.push_main("c3")
     before = len(_posts(fleet.server.log_text()))
     _git(0, "fetch", "-q", "origin", cwd=client)
-    posts = _posts(fleet.server.log_text())[before:]
+    posts = h.fetch_lines(fleet.server, before)
     assert len(posts) >= 2 and "plan=fallback why=unknown-have" in posts[0], posts
     assert h.out("rev-parse", "origin/main", cwd=str(client)) == new
     h.fsck_strict(str(client))
@@ -172,7 +172,7 @@ def test_v0_shallow_clone_goes_to_git(fleet, tmp_path):
     _git(0, "clone", "-q", "--bare", "--depth", "1", fleet.url, str(client))
     assert h.out("rev-parse", "main", cwd=str(client)) == fleet.rev("main")
     h.fsck_strict(str(client))
-    posts = _posts(fleet.server.log_text())[before:]
+    posts = h.fetch_lines(fleet.server, before)
     assert posts and all("plan=fallback why=shallow" in p for p in posts), posts
 
 

@@ -75,10 +75,6 @@ def _clone(url: str, dest: Path) -> None:
     h.git("-c", "protocol.version=2", "-c", "transfer.fsckObjects=true", "clone", "-q", "--mirror", url, str(dest))
 
 
-def _fetch_lines(server) -> list[str]:
-    return re.findall(r"service=upload-pack method=POST .*", server.log_text())
-
-
 def _pack_bytes(repo: Path) -> int:
     return sum(p.stat().st_size for p in (repo / "objects" / "pack").glob("*.pack"))
 
@@ -157,7 +153,7 @@ def compacted(tmp_path_factory):
         _clone(server.url + "/repo.git", half)
         h.fsck_strict(str(half))
         assert h.refs_of(str(half)) == h.refs_of(str(repo))
-        assert "plan=planned" in _fetch_lines(server)[-1]
+        assert "plan=planned" in h.last_fetch_line(server)
         _push_history(rng, work, repo, range(HALF, STEPS), features)
         _store(repo)                        # the last out-of-band change is recorded
         out = _import(repo)
@@ -192,7 +188,7 @@ def test_v2_mirror_clone_is_planned_from_segment_packs_and_equals_stock(compacte
     _clone(server.url + "/repo.git", client)
     h.fsck_strict(str(client))
     assert h.refs_of(str(client)) == h.refs_of(str(repo))
-    last = _fetch_lines(server)[-1]
+    last = h.last_fetch_line(server)
     assert "plan=planned" in last, last
     extents = int(re.search(r"extents=(\d+)", last).group(1))
     assert extents <= math.ceil(math.log2(n)) + 2, last
@@ -238,12 +234,12 @@ def test_a_missing_segment_pack_sends_the_clone_to_git(compacted, tmp_path):
         _clone(server.url + "/repo.git", client)
         h.fsck_strict(str(client))
         assert h.refs_of(str(client)) == h.refs_of(str(repo))
-        assert "why=pack-error" in _fetch_lines(server)[-1]
+        assert "why=pack-error" in h.last_fetch_line(server)
     finally:
         aside.rename(path)
     again = tmp_path / "again.git"
     _clone(server.url + "/repo.git", again)
-    assert "plan=planned" in _fetch_lines(server)[-1]
+    assert "plan=planned" in h.last_fetch_line(server)
     h.verify_ok(repo)
 
 
@@ -291,7 +287,7 @@ def test_pushes_compact_in_the_background(root, server_factory, tmp_path):
     _clone(server.url + "/repo.git", client)
     h.fsck_strict(str(client))
     assert h.refs_of(str(client)) == h.refs_of(str(repo))
-    last = _fetch_lines(server)[-1]
+    last = h.last_fetch_line(server)
     assert "plan=planned" in last, last
     assert int(re.search(r"extents=(\d+)", last).group(1)) <= 1 + len(segmentpack.schedule(n)) + 1
     names = {p.stem[5:] for p in packs.glob("pack-*.pack")}
@@ -337,7 +333,7 @@ def test_after_deletes_and_rewinds_a_clone_holds_exactly_stocks_objects(root, cg
         _import(repo)
         client, other = tmp_path / "client.git", tmp_path / "stock.git"
         _clone(server.url + "/repo.git", client)
-        last = _fetch_lines(server)[-1]
+        last = h.last_fetch_line(server)
         stock = cgi_server_factory(repo.parent, "stock")
         _clone(stock.url + "/repo.git", other)
         h.fsck_strict(str(client))
