@@ -425,3 +425,60 @@ def test_nginx_serves_the_packs_from_disk_with_the_shipped_config(served, tmp_pa
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_the_keeper_waits_for_a_build_still_to_come(root, server_factory, tmp_path):
+    """A CGI push starts its builder and its keeper as two programs; the
+    keeper can look before the builder holds its lock. It waits while a
+    version has no pack (or a segment run is due), so that it builds the
+    bundle of the compaction to come, not the one before. Made here by a
+    push to a server that builds nothing (ASPEN_VERSION_PACKS=off), a keeper
+    in this process, and the build done here after it looked."""
+    from aspen_cgi.fetch import bundlekeep
+    from aspen_cgi.refstore.store import RefStore
+    from aspen_cgi.runtime.repository import Repository
+    repo = pk.enable_push(root / "repo.git")
+    server = server_factory(root, **FAST)
+    url = f"{server.url}/repo.git"
+    work = tmp_path / "work"
+    h.git("clone", "-q", url, str(work))
+    for i in range(2):
+        pk.commit(work, f"built {i}")
+        h.git("push", "-q", "origin", "HEAD:main", cwd=str(work))
+    h.wait_packs_built(repo)
+    env = {**os.environ, **FAST}
+    store = RefStore.open(Repository.of(str(repo), env), create=False)
+    before = _compacted(store)
+    assert before > 1
+    server.stop()
+    unbuilt = server_factory(root, **FAST, ASPEN_VERSION_PACKS="off")
+    for i in range(4):
+        pk.commit(work, f"not built {i}")
+        h.git("push", "-q", f"{unbuilt.url}/repo.git", "HEAD:main", cwd=str(work))
+    store.sync()
+    assert not store.all_packs_built()
+    out: list[list[str]] = []
+    keeper = threading.Thread(target=lambda: out.append(bundlekeep.run(str(repo), env)), daemon=True)
+    keeper.start()
+    time.sleep(1.5)
+    bundles = repo / "aspen" / "bundles"
+    assert keeper.is_alive() and not list(bundles.glob("bundle-*.bundle")), "it built before the build"
+    after = _compacted(store)
+    keeper.join(60)
+    assert not keeper.is_alive() and after > before
+    assert [Path(p).name.split("-")[1] for p in out[0]] == [str(after)], out
+
+
+def _compacted(store) -> int:
+    """Build what STORE's repository lacks (here, or waiting out a server's
+    builder) until nothing is due; the bundle version then."""
+    from aspen_cgi.fetch.offload import bundle_version
+    from aspen_cgi.packs import background, builder
+    deadline = time.time() + 60
+    while True:
+        store.sync()
+        if not background.running(store.packs_dir) and store.all_packs_built() and not builder.segments_to_build(store):
+            return bundle_version(store)
+        assert time.time() < deadline, "compaction did not end"
+        background.build(store)
+        time.sleep(0.1)
